@@ -1,0 +1,24 @@
+# Two commands a fresh machine needs (see README): `make demo` and `make test`.
+# Both set everything up first (Debian packages as root, .venv, pinned CPU torch).
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup test demo lint bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/tracesynth demo
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) out build *.egg-info

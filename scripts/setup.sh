@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Sets up everything `make test` and `make demo` need, idempotently:
+#   1. Debian packages (installed when run as root, otherwise we say exactly what is missing),
+#   2. .venv with torch pinned to the local CPU build, then the project and its dev tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Tracing and trace reading (babeltrace2, python3-bt2, linux-perf, strace) and the real
+# programs of the workload catalogue (stress-ng, fio, ffmpeg, xz-utils, sqlite3).
+DEB_PACKAGES="babeltrace2 python3-bt2 linux-perf strace stress-ng fio ffmpeg xz-utils sqlite3"
+
+missing=""
+for p in $DEB_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "setup: installing Debian packages:$missing"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q $missing >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q $missing >/dev/null; }
+    else
+        echo "setup: missing Debian packages:$missing" >&2
+        echo "setup: run as root, or: sudo apt-get install$missing" >&2
+        echo "setup: continuing; features that need them will say so (and their tests skip)." >&2
+    fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "setup: installing torch==2.13.0 (CPU) and the project into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+    touch "$stamp"
+fi

@@ -1,0 +1,3 @@
+from dooly.cli import main
+
+main()

@@ -1,0 +1,5 @@
+"""`dooly` command line. Each module below registers its commands on the shared app."""
+
+from dooly.cli.app import app, main
+
+__all__ = ["app", "main"]

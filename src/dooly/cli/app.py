@@ -1,0 +1,31 @@
+"""The `dooly` Typer app; command modules in this package register on it."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from dooly.errors import DoolyError
+
+app = typer.Typer(
+    name="dooly",
+    help="Profile LLM inference without per-model code, predict latency and simulate serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+
+def main() -> None:
+    """Entry point: expected failures become one line on stderr and exit status 1."""
+    try:
+        app()
+    except DoolyError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(130)

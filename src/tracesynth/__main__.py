@@ -1,0 +1,3 @@
+from tracesynth.cli import main
+
+main()

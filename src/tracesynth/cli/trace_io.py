@@ -1,0 +1,54 @@
+"""ingest / info: real traces in, the Trace table out, and a readable summary of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from tracesynth.cli.app import app, console
+from tracesynth.io import FORMATS, read_trace
+
+
+@app.command()
+def ingest(
+    path: Path = typer.Argument(..., help="Trace: LTTng/perf CTF directory, perf.data, perf script or strace text."),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet file to write."),
+    format: str = typer.Option(None, "--format", help=f"Force a format: {', '.join(FORMATS)}."),
+    workload: str = typer.Option(None, "--workload", help="Workload name stored in the trace metadata."),
+) -> None:
+    """Read a real trace into the Trace table (Parquet)."""
+    trace = read_trace(path, format)
+    if workload:
+        trace.metadata["workload"] = workload
+    trace.save(output)
+    s = trace.summary()
+    console.print(
+        f"{path} -> {output}: {s['events']:,} events, {s['event_types']} event types, "
+        f"{s['duration_s']:.3f} s, {len(s['cpus'])} CPUs, {s['threads']} threads"
+    )
+
+
+@app.command()
+def info(
+    paths: list[Path] = typer.Argument(..., help="Traces (Parquet, or any readable format)."),
+    top: int = typer.Option(15, "--top", help="How many event types to list."),
+) -> None:
+    """Summarise traces: events, duration, event-type histogram, threads, CPUs."""
+    out = console.__class__()  # stdout
+    for path in paths:
+        trace = read_trace(path)
+        s = trace.summary()
+        out.print(f"[bold]{path}[/]  {s['events']:,} events over {s['duration_s']:.3f} s")
+        meta = ", ".join(f"{k}={v}" for k, v in sorted(s["metadata"].items()))
+        if meta:
+            out.print(f"  {meta}")
+        out.print(
+            f"  {s['event_types']} event types, {len(s['cpus'])} CPUs {s['cpus']}, {s['threads']} threads, "
+            f"{len(s['commands'])} commands; tid known on {s['with_tid']:,}, ret on {s['with_ret']:,} events"
+        )
+        table = Table("event", "count", "share", box=None, pad_edge=False)
+        for name, count in list(trace.event_counts().items())[:top]:
+            table.add_row(name, f"{count:,}", f"{count / max(1, s['events']):.1%}")
+        out.print(table)
