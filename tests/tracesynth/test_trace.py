@@ -75,3 +75,14 @@ def test_save_failure_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         small().save(tmp_path / "x.parquet")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_split_by_time_is_contiguous_and_complete():
+    from tracesynth.splits import split_by_time
+
+    t = Trace.from_columns(ts=np.arange(100), event=["e"] * 100)
+    parts = split_by_time(t, (0.8, 0.1, 0.1))
+    assert [len(p) for p in parts] == [80, 10, 10]
+    assert parts[0].ts[-1] < parts[1].ts[0] < parts[2].ts[0]
+    with pytest.raises(TraceSynthError):
+        split_by_time(t, (0.5, 0.2))

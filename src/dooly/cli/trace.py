@@ -1,0 +1,1 @@
+"""Commands registered on the dooly app (filled in by its feature)."""

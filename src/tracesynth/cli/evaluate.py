@@ -1,0 +1,1 @@
+"""Commands registered on the tracesynth app (filled in by its feature)."""
