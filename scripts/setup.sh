@@ -31,9 +31,21 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 stamp=.venv/.installed
+# pip's output is shown only when it fails (this machine's pip config adds noisy find-links warnings).
+pip_install() {
+    local log
+    log=$(mktemp)
+    if ! .venv/bin/pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
+        grep -v "^WARNING: Location 'file:" "$log" >&2
+        rm -f "$log"
+        echo "setup: pip install $* failed" >&2
+        return 1
+    fi
+    rm -f "$log"
+}
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing torch==2.13.0 (CPU) and the project into .venv"
-    .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-    .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+    pip_install torch==2.13.0
+    pip_install -e '.[dev]'
     touch "$stamp"
 fi
