@@ -1,0 +1,171 @@
+"""Continuous batching as vLLM does it, for one replica.
+
+Two policies, chosen by ``chunked_prefill``:
+
+* off (vLLM v0's default): waiting requests are admitted FCFS, each with its whole prompt, while the
+  sequence limit, the token budget and the free KV blocks allow; an iteration that admits any is a
+  prefill-only iteration. Otherwise every running request decodes one token.
+* on (vLLM v1, and v0 with chunked prefill): each iteration serves the running requests in admission order
+  (one token per decode, the next chunk of a partial prefill), then admits waiting requests, cutting prompts
+  into chunks so that the batch never exceeds ``max_num_batched_tokens``.
+
+When a decoding request needs a new KV block and none is free, the most recently admitted running request
+is preempted (recompute) and goes back to the front of the waiting queue, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from dooly.errors import DoolyError
+from dooly.simulator.entities import KVCache, Request, ScheduledBatch
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Engine limits of one replica (names follow vLLM's engine arguments)."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    chunked_prefill: bool = False
+    block_size: int = 16
+    num_kv_blocks: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+            if getattr(self, name) < 1:
+                raise DoolyError(f"scheduler config: {name} must be >= 1, got {getattr(self, name)}")
+
+    def label(self) -> str:
+        chunk = "chunked" if self.chunked_prefill else "whole"
+        return f"seqs={self.max_num_seqs} tokens={self.max_num_batched_tokens} {chunk}"
+
+
+class ReplicaScheduler:
+    """Waiting and running queues plus the KV block pool of one replica."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.kv = KVCache(config.num_kv_blocks, config.block_size)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last one is preempted first
+
+    def add(self, req: Request) -> None:
+        self.check_fits(req)
+        self.waiting.append(req)
+
+    def check_fits(self, req: Request) -> None:
+        """Refuse up front a request this replica could never serve (it would stall the queue forever)."""
+        cfg = self.config
+        longest = req.prompt_tokens + req.output_tokens  # a late recompute prefills nearly all of it
+        if not cfg.chunked_prefill and longest > cfg.max_num_batched_tokens:
+            raise DoolyError(
+                f"request {req.id} needs up to {longest} tokens in one prefill, above max_num_batched_tokens="
+                f"{cfg.max_num_batched_tokens}; enable chunked prefill or raise the limit"
+            )
+        if self.kv.blocks_for(longest) > cfg.num_kv_blocks:
+            raise DoolyError(
+                f"request {req.id} needs {self.kv.blocks_for(longest)} KV blocks, the replica has {cfg.num_kv_blocks}"
+            )
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one iteration ------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        """Choose the next iteration (possibly empty when nothing can run)."""
+        return self._schedule_chunked() if self.config.chunked_prefill else self._schedule_whole()
+
+    def _preempt_last(self, batch: ScheduledBatch) -> Request:
+        victim = self.running.pop()
+        self.kv.release(victim)
+        victim.preempt()
+        batch.preempted.append(victim)
+        return victim
+
+    def _requeue_preempted(self, batch: ScheduledBatch) -> None:
+        # Evicted requests go back to the head of the queue, oldest first, so they are re-admitted first.
+        for req in sorted(batch.preempted, key=lambda r: (r.arrival, r.id), reverse=True):
+            self.waiting.appendleft(req)
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int, reqs: list[Request]) -> int:
+        """Schedule running requests in order (decodes take one token, partial prefills a chunk), preempting
+        the newest running request while the KV pool cannot hold a request's new tokens."""
+        for req in reqs:
+            if budget < 1:
+                break
+            if req not in self.running:  # evicted earlier in this loop
+                continue
+            tokens = 1 if req.prefill_done else min(req.remaining_prefill, budget)
+            evicted_self = False
+            while self.kv.extra_blocks(req, tokens) > self.kv.free:
+                if self._preempt_last(batch) is req:
+                    evicted_self = True
+                    break
+            if evicted_self:
+                break  # everything newer is gone too
+            self.kv.grow(req, tokens)
+            if req.prefill_done:
+                batch.decode.append(req)
+            else:
+                batch.prefill.append((req, tokens))
+            budget -= tokens
+        return budget
+
+    def _admit(self, batch: ScheduledBatch, budget: int, chunked: bool) -> int:
+        cfg = self.config
+        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
+            req = self.waiting[0]
+            need = req.remaining_prefill
+            chunk = min(need, budget) if chunked else need
+            if chunk > budget or self.kv.extra_blocks(req, chunk) > self.kv.free:
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            self.kv.grow(req, chunk)
+            self.running.append(req)
+            batch.prefill.append((req, chunk))
+            budget -= chunk
+        return budget
+
+    def _schedule_whole(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        self._admit(batch, self.config.max_num_batched_tokens, chunked=False)
+        if batch.prefill:
+            return batch
+        self._schedule_running(batch, self.config.max_num_batched_tokens, list(self.running))
+        self._requeue_preempted(batch)
+        return batch
+
+    def _schedule_chunked(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        # running requests in admission order (decodes and partial prefills), then new ones (vLLM v1), so a
+        # victim (the newest) has never been scheduled in this iteration yet
+        budget = self._schedule_running(batch, budget, list(self.running))
+        self._requeue_preempted(batch)
+        if not batch.preempted:  # an iteration that had to evict admits nothing new
+            self._admit(batch, budget, chunked=True)
+        return batch
+
+    def complete(self, batch: ScheduledBatch, now: float) -> list[Request]:
+        """Apply an iteration that ended at `now`; returns the requests it finished."""
+        done: list[Request] = []
+        for req, chunk in batch.prefill:
+            req.computed += chunk
+            if req.computed == req.context_len:  # prefill complete: a token is sampled
+                req.prefill_done = True
+                req.generated += 1
+                if req.first_token is None:
+                    req.first_token = now
+        for req in batch.decode:
+            req.computed += 1
+            req.generated += 1
+        for req in [r for r, _ in batch.prefill] + batch.decode:
+            if req.prefill_done and req.is_finished and req.finished is None:
+                req.finished = now
+                self.kv.release(req)
+                self.running.remove(req)
+                done.append(req)
+        return done
