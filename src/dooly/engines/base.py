@@ -1,0 +1,85 @@
+"""The engine interface: what the tracer, the profiler and the serving validator need from an inference engine.
+
+An engine turns a model config into a runnable model with random weights, prepares the inputs of one forward
+pass for a uniform batch of requests **with its own code** (its own KV cache object, masks and position
+handling), and runs that pass. The tracer calls these methods under a ``FakeTensorMode`` with symbolic request
+sizes, so nothing is allocated and the recorded shapes carry provenance; the profiler and the serving validator
+call the very same methods on real tensors (for example on a one-layer model, see ``num_layers``) to set up
+stateful operators such as attention over a filled KV cache ("context reuse") and to time real iterations.
+
+Implementations: :class:`dooly.engines.hf.HFEagerEngine` (Hugging Face transformers, eager, CPU default, CUDA
+when asked). A vLLM engine would implement the same five methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """One forward pass over a uniform batch (see :mod:`dooly.signature` for the symbols).
+
+    ``requests`` sequences, each computing ``tokens`` new tokens on top of ``kv_len`` already-cached ones.
+    Prefill: ``kv_len=0``; chunked prefill: ``kv_len>0, tokens>1``; decode: ``tokens=1``. The fields may be torch
+    ``SymInt`` s while tracing, so engines must treat them as opaque integers (no ``int()``, no value branches
+    beyond what the engine itself does).
+    """
+
+    requests: int
+    tokens: int
+    kv_len: int = 0
+
+    @classmethod
+    def prefill(cls, requests: int, tokens: int) -> RequestShape:
+        return cls(requests, tokens, 0)
+
+    @classmethod
+    def decode(cls, requests: int, kv_len: int) -> RequestShape:
+        return cls(requests, 1, kv_len)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "tokens": self.tokens, "kv_len": self.kv_len}
+
+
+class Engine(ABC):
+    """An inference engine backend. Subclasses set ``name`` (e.g. ``"hf-eager"``) and ``device``."""
+
+    name: str = "engine"
+    device: str = "cpu"
+
+    @property
+    def engine_id(self) -> str:
+        """What executes the ops, as written into every :class:`~dooly.signature.Signature` (``"hf-eager/cpu"``)."""
+        return f"{self.name}/{self.device}"
+
+    @abstractmethod
+    def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
+        """A model with random weights from a config dict (the ``config.json`` content, ``model_type`` included).
+
+        ``num_layers`` keeps only the first N decoder layers (per-layer shapes unchanged): a cheap real model for
+        profiling one layer's operators. Under an active ``FakeTensorMode`` no weight memory is allocated.
+        """
+
+    @abstractmethod
+    def prepare(self, model: Any, shape: RequestShape) -> dict[str, Any]:
+        """Inputs of one forward pass for ``shape``, built with the engine's own code.
+
+        When ``shape.kv_len`` is non-zero the engine's KV cache is filled to that length first (by the engine's
+        own prefill), so attention runs exactly as it would mid-generation.
+        """
+
+    @abstractmethod
+    def forward(self, model: Any, inputs: Mapping[str, Any]) -> Any:
+        """Run one engine iteration (forward pass + greedy next-token pick); returns the next token ids."""
+
+    @abstractmethod
+    def advance(self, inputs: Mapping[str, Any], next_tokens: Any) -> dict[str, Any]:
+        """Inputs of the following decode step (reusing the cache that ``forward`` just extended)."""
+
+    def describe(self, model: Any) -> dict[str, Any]:
+        """Engine settings the model runs with (attention implementation, dtype, ...), for trace metadata."""
+        return {"engine": self.engine_id}

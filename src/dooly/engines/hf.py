@@ -1,0 +1,162 @@
+"""Hugging Face transformers in eager mode: the embedded default engine (CPU by default, CUDA when asked).
+
+Everything here is architecture-agnostic: the model class comes from ``AutoModelForCausalLM`` and the config's
+``model_type``, the KV cache is transformers' own ``DynamicCache`` (sliding-window layers included), masks and
+positions are computed by the model's own code. Engine settings are transformers' defaults (attention
+implementation ``sdpa`` where the model supports it, otherwise ``eager``; experts implementation ``grouped_mm``
+where the model has one) and, like ``generate()``, only the last position's logits are computed
+(``logits_to_keep=1``) and the next token is picked greedily.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from dooly.engines.base import Engine, RequestShape
+from dooly.errors import DoolyError
+
+# config.json keys that describe a checkpoint or a hub repo rather than the architecture
+_NOT_ARCHITECTURE = {
+    "architectures",
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "auto_map",
+    "quantization_config",
+    "_dooly",
+}
+
+
+def _is_zero(x: Any) -> bool:
+    """True only for a concrete 0 (a symbolic size is never assumed to be zero)."""
+    return isinstance(x, int) and x == 0
+
+
+class HFEagerEngine(Engine):
+    """transformers eager engine. ``dtype`` is the weight/activation dtype of every model it builds."""
+
+    name = "hf-eager"
+
+    def __init__(self, device: str = "cpu", dtype: str = "bfloat16", attn_implementation: str | None = None) -> None:
+        import torch
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise DoolyError("engine hf-eager: device 'cuda' requested but torch sees no CUDA device")
+        if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
+            raise DoolyError(f"engine hf-eager: unknown dtype {dtype!r}")
+        self.device = device
+        self.dtype = dtype
+        self.attn_implementation = attn_implementation  # None: transformers' default for the model
+
+    # -- config / model -------------------------------------------------------------------------------------
+
+    def hf_config(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
+        """A transformers ``PretrainedConfig`` from a config dict (``model_type`` selects the class)."""
+        from transformers import AutoConfig
+
+        fields = {k: copy.deepcopy(v) for k, v in config.items() if k not in _NOT_ARCHITECTURE}
+        model_type = fields.pop("model_type", None)
+        if not model_type:
+            raise DoolyError("model config has no 'model_type'")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cfg = AutoConfig.for_model(model_type, **fields)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DoolyError(f"transformers cannot build a {model_type!r} config: {exc}") from None
+        if num_layers is not None:
+            total = cfg.num_hidden_layers
+            if not 1 <= num_layers <= total:
+                raise DoolyError(f"num_layers must be in 1..{total}, got {num_layers}")
+            cfg.num_hidden_layers = num_layers
+            # per-layer lists (sliding/full attention pattern, ...) must match the new depth
+            for key, value in vars(cfg).items():
+                if isinstance(value, list) and len(value) == total and key.endswith("layer_types"):
+                    setattr(cfg, key, value[:num_layers])
+        return cfg
+
+    def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        cfg = self.hf_config(config, num_layers=num_layers)
+        kwargs: dict[str, Any] = {"dtype": getattr(torch, self.dtype)}
+        if self.attn_implementation is not None:
+            kwargs["attn_implementation"] = self.attn_implementation
+        try:
+            with torch.device(self.device), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = AutoModelForCausalLM.from_config(cfg, **kwargs)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DoolyError(f"transformers cannot build a causal LM for {cfg.model_type!r}: {exc}") from None
+        model.eval()
+        return model
+
+    def describe(self, model: Any) -> dict[str, Any]:
+        cfg = model.config
+        return {
+            "engine": self.engine_id,
+            "dtype": self.dtype,
+            "attn_implementation": getattr(cfg, "_attn_implementation", None),
+            "experts_implementation": getattr(cfg, "_experts_implementation", None),
+            "model_class": type(model).__name__,
+        }
+
+    # -- one forward pass -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _cache_kwarg(model: Any) -> str:
+        # transformers 5.x renamed ``past_key_values`` to ``cache``; use whichever this model's forward takes
+        params = inspect.signature(model.forward).parameters
+        return "cache" if "cache" in params else "past_key_values"
+
+    def prepare(self, model: Any, shape: RequestShape) -> dict[str, Any]:
+        import torch
+        from transformers import DynamicCache
+
+        dev = torch.device(self.device)
+        cache = DynamicCache(config=model.config)
+        cache_kw = self._cache_kwarg(model)
+        if not _is_zero(shape.kv_len):
+            # fill the cache with the engine's own prefill: exactly what the cache holds mid-generation
+            ids = torch.zeros(shape.requests, shape.kv_len, dtype=torch.long, device=dev)
+            mask = torch.ones(shape.requests, shape.kv_len, dtype=torch.long, device=dev)
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+        inputs: dict[str, Any] = {
+            "input_ids": torch.zeros(shape.requests, shape.tokens, dtype=torch.long, device=dev),
+            "attention_mask": torch.ones(shape.requests, shape.kv_len + shape.tokens, dtype=torch.long, device=dev),
+            cache_kw: cache,
+            "use_cache": True,
+        }
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            inputs["logits_to_keep"] = 1  # as generate() does: only the last position feeds the sampler
+        return inputs
+
+    def forward(self, model: Any, inputs: Mapping[str, Any]) -> Any:
+        import torch
+
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model(**inputs)
+            return out.logits[:, -1, :].argmax(dim=-1)
+
+    def advance(self, inputs: Mapping[str, Any], next_tokens: Any) -> dict[str, Any]:
+        import torch
+
+        nxt = dict(inputs)
+        nxt["input_ids"] = next_tokens.reshape(-1, 1)
+        mask = inputs["attention_mask"]
+        nxt["attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        return nxt
+
+
+__all__ = ["HFEagerEngine", "RequestShape"]
