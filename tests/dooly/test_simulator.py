@@ -148,3 +148,22 @@ def test_single_token_outputs_have_no_tpot():
     res = simulate(wl([0.0, 0.0], [8, 8], [1, 4]), ConstantLatency(1.0))
     assert np.isnan(res.metrics.tpot[0]) and res.metrics.tpot[1] == pytest.approx(1.0)
     assert res.metrics.e2e[0] == pytest.approx(1.0)
+
+
+def test_sweep_picks_best_under_slo():
+    from dooly.simulator.search import SLO, best, config_grid, sweep
+
+    w = generate_workload(60, rate=30.0, prompt="100-300", output="10-30", seed=7)
+    configs = config_grid(SchedulerConfig(), max_num_batched_tokens=(128, 512), max_num_seqs=(2, 16))
+    loose = sweep(w, LinearLatency(), configs, SLO(ttft_p90=10.0, tpot_p90=1.0))
+    assert len(loose) == 8
+    # 300-token prompts cannot be prefilled whole within 128 tokens: infeasible, not silently dropped
+    whole_128 = [p for p in loose if p.config.max_num_batched_tokens == 128 and not p.config.chunked_prefill]
+    assert whole_128 and all(p.summary is None for p in whole_128)
+    top = best(loose)
+    assert top is not None and top.meets_slo
+    assert top.summary.throughput_tokens == max(p.summary.throughput_tokens for p in loose if p.summary)
+    # two sequences at a time cannot keep up: an SLO on TTFT rules those configs out
+    strict = sweep(w, LinearLatency(), configs, SLO(ttft_p90=0.05))
+    assert not any(p.meets_slo for p in strict if p.config.max_num_seqs == 2)
+    assert best(sweep(w, LinearLatency(), configs, SLO(ttft_p90=1e-6))) is None
