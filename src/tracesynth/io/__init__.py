@@ -17,6 +17,9 @@ from pathlib import Path
 from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
 
+# a packetized CTF metadata stream starts with this magic (either byte order)
+_CTF_METADATA_MAGIC = (b"\x57\x1d\xd1\x75", b"\x75\xd1\x1d\x57")
+
 FORMATS = ("lttng", "perf-ctf", "perf-data", "perf-script", "strace", "parquet")
 
 # `perf script` default line: "  comm  tid [cpu] secs.usecs: [period] event: ..."
@@ -42,10 +45,16 @@ def detect_format(path: str | Path) -> str:
         if not metas:
             raise TraceSynthError("directory holds no CTF trace (no 'metadata' file found)", p)
         text = metas[0].read_bytes()
-        if b"lttng" in text.lower():
+        if not (text.startswith(b"/* CTF") or text[:4] in _CTF_METADATA_MAGIC):
+            raise TraceSynthError(f"{metas[0].name!r} is not CTF metadata (neither TSDL text nor packetized)", metas[0])
+        # the env block names the tracer; LTTng's metadata is packetized but its TSDL text stays readable
+        tracer = re.search(rb'tracer_name\s*=\s*"([^"]*)"', text)
+        if tracer and tracer.group(1).startswith(b"lttng"):
             return "lttng"
         if b"perf" in text:
             return "perf-ctf"
+        if b"lttng" in text.lower():
+            return "lttng"
         raise TraceSynthError("CTF trace from an unknown tracer (neither LTTng nor perf)", p)
     try:
         with p.open("rb") as f:

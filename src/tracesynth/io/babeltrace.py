@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ _PRETTY_PARAMS = (
     "field-default=hide,no-delta=yes,clock-seconds=yes,name-default=show,name-scope=yes,name-header=no,color=never"
 )
 _DICT = pa.dictionary(pa.int32(), pa.string())
+# Callers up the stack (the CLI's progress bar) get the event count of each parsed block.
+progress_callback: ContextVar[Callable[[int], None] | None] = ContextVar("progress_callback", default=None)
 _HEADER = (
     r"^\[(?P<sign>-?)(?P<s>[0-9]+)\.(?P<ns>[0-9]{9})\] (?P<name>[^ \n]+?):(?: |\n|$)"
     r"(?:stream\.packet\.context = \{[^{}]*?cpu_id = (?P<cpu>[0-9]+))?"
@@ -143,10 +146,11 @@ def _root_cause(stderr: str) -> str:
         if m:
             msgs.append(m.group(1))
         elif msgs and line and not line.startswith(("ERROR", "CAUSED")):
-            msgs[-1] += " " + line
+            msgs[-1] = (msgs[-1] + " " + line).strip()
     if not msgs:
         tail = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
         return tail[-1] if tail else "babeltrace2 failed without a message"
+    msgs = [re.sub(r"\s*[\w-]+-addr=0x[0-9a-fA-F]+,?", "", m).rstrip(", ") for m in msgs]
     useful = [m for m in msgs if m and not m.startswith(("Cannot create", "Graph failed", "Cannot run", "Failed to"))]
     return (useful or msgs)[-1].rstrip(".:")
 
@@ -188,7 +192,28 @@ def ctf_metadata(path: str | Path) -> dict[str, Any]:
     for block in _CLOCK_BLOCK.findall(text):
         clocks.append({k: _tsdl_value(v) for k, v in _ASSIGN.findall(block)})
     m = _TRACE_UUID.search(text)
-    return {"env": env, "clocks": clocks, "uuid": m.group(1) if m else None}
+    return {
+        "env": env,
+        "clocks": clocks,
+        "uuid": m.group(1) if m else None,
+        "context_fields": sorted(_context_field_names(text)),
+    }
+
+
+def _context_field_names(text: str) -> set[str]:
+    """Names (leading '_' stripped) of the fields declared in any `...context := struct { }`."""
+    names: set[str] = set()
+    for m in re.finditer(r"(?:event\.context|(?<![.\w])context)\s*:=\s*struct\s*\{", text):
+        depth, i, body = 1, m.end(), []
+        while i < len(text) and depth:
+            ch = text[i]
+            depth += (ch == "{") - (ch == "}")
+            if depth == 1 and ch != "}":
+                body.append(ch)
+            i += 1
+        for name in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[[^\]]*\])?\s*;", "".join(body)):
+            names.add(name[1:] if name.startswith("_") else name)
+    return names
 
 
 # -- value decoding -------------------------------------------------------------------------------
@@ -324,13 +349,15 @@ def iter_ctf_batches(
     """Yield RecordBatches (ts, event, cpu, *fields) for every event of the CTF trace at `path`.
 
     Memory stays within a few `batch_bytes` of text whatever the trace length. `on_progress`
-    receives the number of events in each batch. Raises TraceSynthError naming `path` when
+    receives the number of events in each batch (default: the `progress_callback` context
+    variable). Raises TraceSynthError naming `path` when
     babeltrace2 fails (after the events it could read were parsed: callers building one table
     discard them) or when it prints nothing.
     """
     path = Path(path)
     if not path.exists():
         raise TraceSynthError("no such file or directory", path)
+    on_progress = on_progress or progress_callback.get()
     if batch_bytes >= 1 << 31:
         raise ValueError("batch_bytes must stay below 2 GiB (int32 string offsets)")
     cmd = [babeltrace2_binary(), str(path), *extra_args, "-c", "sink.text.pretty", "-p", _PRETTY_PARAMS]

@@ -1,0 +1,270 @@
+"""Read LTTng kernel CTF traces (lttng-modules event names) into the Trace table.
+
+Events keep their LTTng names (`syscall_entry_openat`, `syscall_exit_openat`, `sched_switch`,
+`irq_handler_entry`, `timer_hrtimer_start`, `lttng_statedump_process_state`, ...). Timestamps are
+ns since the trace clock's origin (its offset applied; the Unix epoch for LTTng's monotonic clock).
+
+Columns:
+
+- `cpu`: the stream's packet-context `cpu_id`.
+- `ret`: the `ret` payload field of syscall exits (`syscall_exit_*`, `compat_syscall_exit_*`);
+  other events stay null (irq_handler_exit's `ret` is an IRQ status, not a syscall result). In a
+  trace written by tracesynth (env `tracesynth = 1`) `ret` is read on every event that has it.
+- `tid` / `comm`: when events carry LTTng context fields (`lttng add-context -t tid -t procname`),
+  those are used as they are (tid -1 and procname "" mean unknown in tracesynth-written traces).
+  Otherwise they are derived per CPU from the scheduler, as Trace Compass does: after a CPU's
+  `sched_switch`, its events belong to `next_tid`/`next_comm` until the next switch. The
+  `sched_switch` row itself is attributed to the task switching *out* (`prev_tid`/`prev_comm`),
+  the task that executes the switch (what a `tid` context would say). Events before a CPU's first
+  `sched_switch` stay null. With a `tid` context but no `procname`, `comm` comes from the latest
+  name known for that tid (statedump `lttng_statedump_process_state` and sched_switch names).
+
+The trace is streamed through `babeltrace2` in blocks (see tracesynth.io.babeltrace) and the
+per-CPU state is carried from block to block, so memory holds only the compact result columns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracesynth.errors import TraceSynthError
+from tracesynth.io.babeltrace import Field, ctf_metadata, iter_ctf_batches
+from tracesynth.trace import SCHEMA, Trace
+
+SYSCALL_EXITS = ("syscall_exit_*", "compat_syscall_exit_*")
+STATEDUMP_PROCESS = "lttng_statedump_process_state"
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+
+def ctf_trace_dirs(path: Path) -> list[Path]:
+    """Directories under `path` that hold a CTF trace (an LTTng session nests them per domain)."""
+    from tracesynth.io import find_ctf_metadata
+
+    return [m.parent for m in find_ctf_metadata(path)]
+
+
+def _merged_metadata(dirs: list[Path]) -> dict[str, Any]:
+    """Env and clock of the trace(s): the kernel one first when a session holds several."""
+    infos = [ctf_metadata(d) for d in dirs]
+    infos.sort(key=lambda i: i["env"].get("domain") != "kernel")
+    first = infos[0]
+    return {
+        "env": first["env"],
+        "clocks": first["clocks"],
+        "context_fields": set().union(*(i["context_fields"] for i in infos)),
+        "tracesynth": all(i["env"].get("tracesynth") == 1 for i in infos),
+    }
+
+
+class _Vocab:
+    """A growing string vocabulary: batch dictionaries map onto stable global codes."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.values: list[str] = []
+
+    def codes(self, arr: pa.Array, empty_is_null: bool = False) -> np.ndarray:
+        """int32 global codes of a dictionary/string array; null (and "" if asked) -> -1."""
+        arr = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
+        local = np.array([self._code(v, empty_is_null) for v in arr.dictionary.to_pylist()] + [-1], dtype=np.int32)
+        idx = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        return local[idx]
+
+    def _code(self, v: str | None, empty_is_null: bool) -> int:
+        if v is None or (empty_is_null and v == ""):
+            return -1
+        code = self.index.get(v)
+        if code is None:
+            code = self.index[v] = len(self.values)
+            self.values.append(v)
+        return code
+
+
+def _ints(col: pa.Array, null: int = -1) -> np.ndarray:
+    return col.fill_null(null).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+class _SchedState:
+    """Per-CPU running thread carried across blocks, plus the tid -> comm names seen so far."""
+
+    def __init__(self) -> None:
+        self.tid: dict[int, int] = {}
+        self.comm: dict[int, int] = {}
+        self.names: dict[int, int] = {}
+
+    def derive(self, cpu: np.ndarray, is_switch: np.ndarray, prev: tuple, nxt: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """tid/comm of each row of one block from sched_switch (vectorised per-CPU forward fill)."""
+        n = len(cpu)
+        prev_tid, prev_comm = prev
+        next_tid, next_comm = nxt
+        order = np.argsort(cpu, kind="stable")  # rows grouped by CPU, time order kept inside
+        c = cpu[order]
+        pos = np.arange(n)
+        last = np.maximum.accumulate(np.where(is_switch[order], pos, -1))  # latest switch at/before
+        starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        lengths = np.diff(np.r_[starts, n])
+        group_start = np.repeat(starts, lengths)
+        cpus = c[starts]
+        carry_tid = np.array([self.tid.get(int(x), -1) for x in cpus], dtype=np.int64)
+        carry_comm = np.array([self.comm.get(int(x), -1) for x in cpus], dtype=np.int32)
+        group = np.repeat(np.arange(len(starts)), lengths)
+        in_group = last >= group_start
+        src = order[np.maximum(last, 0)]
+        tid_s = np.where(in_group, next_tid[src], carry_tid[group])
+        comm_s = np.where(in_group, next_comm[src], carry_comm[group])
+        sw = is_switch[order]
+        tid_s = np.where(sw, prev_tid[order], tid_s)
+        comm_s = np.where(sw, prev_comm[order], comm_s)
+        unknown_cpu = c < 0
+        tid_s[unknown_cpu] = -1
+        comm_s[unknown_cpu] = -1
+        # carry each CPU's state at the end of the block into the next one
+        ends = starts + lengths - 1
+        for g, x in enumerate(cpus):
+            if x >= 0 and last[ends[g]] >= starts[g]:
+                r = order[last[ends[g]]]
+                self.tid[int(x)] = int(next_tid[r])
+                self.comm[int(x)] = int(next_comm[r])
+        tid = np.empty(n, dtype=np.int64)
+        comm = np.empty(n, dtype=np.int32)
+        tid[order] = tid_s
+        comm[order] = comm_s
+        return tid, comm
+
+    def learn_names(self, tids: np.ndarray, comms: np.ndarray) -> None:
+        ok = (tids >= 0) & (comms >= 0)
+        for t, c in zip(tids[ok].tolist(), comms[ok].tolist(), strict=True):
+            self.names[t] = c
+
+    def lookup_names(self, tids: np.ndarray) -> np.ndarray:
+        if not self.names:
+            return np.full(len(tids), -1, dtype=np.int32)
+        keys = np.fromiter(self.names.keys(), dtype=np.int64)
+        vals = np.fromiter(self.names.values(), dtype=np.int32)
+        srt = np.argsort(keys)
+        keys, vals = keys[srt], vals[srt]
+        at = np.clip(np.searchsorted(keys, tids), 0, len(keys) - 1)
+        return np.where(keys[at] == tids, vals[at], -1).astype(np.int32)
+
+
+def read_lttng(path: str | Path) -> Trace:
+    """Read an LTTng kernel CTF trace (a trace directory or a session directory above it)."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceSynthError("no such file or directory", path)
+    if not path.is_dir():
+        raise TraceSynthError("an LTTng trace is a directory (with a 'metadata' file and stream files)", path)
+    dirs = ctf_trace_dirs(path)
+    if not dirs:
+        raise TraceSynthError("directory holds no CTF trace (no 'metadata' file found)", path)
+    info = _merged_metadata(dirs)
+    ctx = info["context_fields"]
+    ours = info["tracesynth"]
+    switch = ("sched_switch",)
+    fields = [
+        Field("ret", scope="payload", events=None if ours else SYSCALL_EXITS),
+        Field("prev_tid", scope="payload", events=switch),
+        Field("next_tid", scope="payload", events=switch),
+        Field("prev_comm", kind="str", scope="payload", events=switch),
+        Field("next_comm", kind="str", scope="payload", events=switch),
+    ]
+    has_ctx_tid, has_ctx_comm = "tid" in ctx, "procname" in ctx
+    if has_ctx_tid:
+        fields.append(Field("tid", scope="context", column="ctx_tid"))
+    if has_ctx_comm:
+        fields.append(Field("procname", kind="str", scope="context", column="ctx_comm"))
+    if has_ctx_tid and not has_ctx_comm:
+        fields += [
+            Field("tid", scope="payload", events=(STATEDUMP_PROCESS,), column="sd_tid"),
+            Field("name", kind="str", scope="payload", events=(STATEDUMP_PROCESS,), column="sd_name"),
+        ]
+
+    comms = _Vocab()
+    state = _SchedState()
+    parts: dict[str, list[Any]] = {k: [] for k in ("ts", "event", "cpu", "tid", "comm", "ret")}
+    for batch in iter_ctf_batches(path, fields):
+        n = batch.num_rows
+        if n == 0:
+            continue
+        event = batch["event"]
+        names = event.dictionary.to_pylist()
+        is_switch = np.zeros(n, dtype=bool)
+        if "sched_switch" in names:
+            is_switch = event.indices.to_numpy(zero_copy_only=False) == names.index("sched_switch")
+        cpu = _ints(batch["cpu"])
+        prev = (_ints(batch["prev_tid"]), comms.codes(batch["prev_comm"]))
+        nxt = (_ints(batch["next_tid"]), comms.codes(batch["next_comm"]))
+        if has_ctx_tid:
+            tid = _ints(batch["ctx_tid"])
+            tid[tid < 0] = -1
+        if has_ctx_comm:
+            comm = comms.codes(batch["ctx_comm"], empty_is_null=True)
+        if not (has_ctx_tid and has_ctx_comm):
+            d_tid, d_comm = state.derive(cpu, is_switch, prev, nxt)
+            if not has_ctx_tid:
+                tid = d_tid
+            if not has_ctx_comm:
+                if has_ctx_tid:
+                    state.learn_names(_ints(batch["sd_tid"]), comms.codes(batch["sd_name"]))
+                    state.learn_names(prev[0][is_switch], prev[1][is_switch])
+                    state.learn_names(nxt[0][is_switch], nxt[1][is_switch])
+                    comm = state.lookup_names(tid)
+                else:
+                    comm = d_comm
+        parts["ts"].append(batch["ts"])
+        parts["event"].append(event)
+        parts["cpu"].append(batch["cpu"])
+        parts["tid"].append(pa.array(tid, mask=tid < 0))
+        parts["comm"].append(comm)
+        parts["ret"].append(batch["ret"])
+    if not parts["ts"]:
+        raise TraceSynthError("the trace holds no events", path)
+
+    comm_codes = np.concatenate(parts["comm"])
+    comm_arr = pa.DictionaryArray.from_arrays(
+        pa.array(comm_codes, type=pa.int32(), mask=comm_codes < 0), pa.array(comms.values, type=pa.string())
+    )
+    table = pa.table(
+        [
+            pa.chunked_array(parts["ts"], pa.int64()),
+            pa.chunked_array(parts["event"], _DICT).unify_dictionaries(),
+            pa.chunked_array(parts["cpu"], pa.int32()),
+            pa.chunked_array(parts["tid"], pa.int64()),
+            comm_arr,
+            pa.chunked_array(parts["ret"], pa.int64()),
+        ],
+        schema=SCHEMA,
+    )
+    meta = _trace_metadata(path, info)
+    trace = Trace(table.combine_chunks().unify_dictionaries(), meta, validate=False)
+    trace.validate(path)
+    return trace
+
+
+def _trace_metadata(path: Path, info: dict[str, Any]) -> dict[str, Any]:
+    env = dict(info["env"])
+    embedded = env.pop("tracesynth_metadata", None)
+    env.pop("tracesynth", None)
+    clock = info["clocks"][0] if info["clocks"] else {}
+    meta: dict[str, Any] = {
+        "source_format": "lttng",
+        "source": str(path),
+        "hostname": env.get("hostname"),
+        "clock": {k: clock[k] for k in ("name", "freq", "offset_s", "offset") if k in clock},
+        "tracer": {k: env[k] for k in ("tracer_name", "tracer_major", "tracer_minor") if k in env},
+        "kernel_release": env.get("kernel_release"),
+    }
+    meta = {k: v for k, v in meta.items() if v not in (None, {})}
+    if isinstance(embedded, str):  # a trace written by tracesynth carries its original metadata
+        try:
+            restored = json.loads(embedded)
+        except ValueError:
+            restored = None
+        if isinstance(restored, dict):
+            meta = restored
+    return meta
