@@ -1,1 +1,101 @@
-"""Commands registered on the tracesynth app (filled in by its feature)."""
+"""`tracesynth fit` and `tracesynth sample`: train the diffusion generator, sample synthetic traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tracesynth.cli.app import app, console
+from tracesynth.errors import TraceSynthError
+
+
+@app.command()
+def fit(
+    data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
+    context: int = typer.Option(1024, "--context", help="Events per window (L)."),
+    channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
+    steps: int = typer.Option(1000, "--steps", help="Training steps (in total, counting resumed ones)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Windows per step (per process under torchrun)."),
+    patch: int = typer.Option(0, "--patch", help="Events per transformer token; 0 = context // 256."),
+    stride: int = typer.Option(0, "--stride", help="Window stride in events; 0 = context // 2."),
+    d_model: int = typer.Option(128, "--d-model", help="Transformer width."),
+    layers: int = typer.Option(4, "--layers", help="Transformer blocks."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate."),
+    checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Write the model every N steps."),
+    seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and noise."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue training the model in -o from its last checkpoint."),
+) -> None:
+    """Train the diffusion generator on real traces (run under `torchrun` for several processes)."""
+    from tracesynth.diffusion import TraceSynth, TraceSynthConfig
+    from tracesynth.diffusion.synth import is_main_process
+    from tracesynth.io import read_trace
+
+    traces = [read_trace(p) for p in data]
+    if resume and output.exists():
+        synth = TraceSynth.load(output)
+        if synth.step >= steps:
+            raise TraceSynthError(f"already trained for {synth.step} steps; ask for more with --steps", output)
+        synth.config.steps = steps
+        synth.config.device = device
+        if is_main_process():
+            console.print(f"resuming {output} at step {synth.step}")
+    else:
+        cfg = TraceSynthConfig(
+            context=context,
+            channels=channels,
+            steps=steps,
+            batch_size=batch_size,
+            patch=patch or None,
+            stride=stride or None,
+            d_model=d_model,
+            n_layers=layers,
+            lr=lr,
+            checkpoint_every=checkpoint_every,
+            seed=seed,
+            device=device,
+        )
+        synth = TraceSynth(cfg)
+    synth.fit(traces, checkpoint_dir=output, progress=True)
+    if is_main_process():
+        h = synth.history
+        console.print(
+            f"{output}: {synth.step} steps on {h.get('train_windows', 0):,} windows of {synth.config.context} events, "
+            f"loss {h.get('loss', float('nan')):.4f}, val {h.get('val_loss') or float('nan'):.4f}, "
+            f"{h.get('train_events_per_s', 0):,.0f} events/s"
+        )
+
+
+@app.command()
+def sample(
+    model: Path = typer.Argument(..., help="Model directory written by `tracesynth fit`."),
+    events: int = typer.Option(..., "--events", help="Number of events to generate."),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write."),
+    seed: int = typer.Option(0, "--seed", help="The same seed gives the same trace."),
+    sampler: str = typer.Option(None, "--sampler", help="ddim (fast, strided) or ancestral (all 1000 steps)."),
+    sampling_steps: int = typer.Option(None, "--sampling-steps", help="Steps of the ddim sampler."),
+    repair: Path = typer.Option(None, "--repair", help="Constraint rules (JSON) to repair the sample with."),
+    device: str = typer.Option(None, "--device", help="cpu or cuda (default: the model's)."),
+) -> None:
+    """Generate a synthetic trace from a trained model."""
+    from tracesynth.diffusion import TraceSynth
+
+    synth = TraceSynth.load(model)
+    rules = None
+    if repair is not None:
+        try:
+            from tracesynth.constraints import Rules
+        except ImportError as exc:
+            raise TraceSynthError(f"constraint repair is unavailable ({exc})", repair) from None
+        rules = Rules.load(repair)
+    trace = synth.sample(
+        events, seed=seed, repair=rules, sampler=sampler, sampling_steps=sampling_steps, progress=True, device=device
+    )
+    trace.save(output)
+    span = trace.duration_ns / 1e9
+    msg = f"{model} -> {output}: {len(trace):,} events, {trace.n_event_types} event types, {span:.3f} s"
+    if synth.last_repair_report is not None:
+        msg += f"; repair: {synth.last_repair_report}"
+    console.print(msg)

@@ -1,0 +1,79 @@
+"""TraceSynthConfig: every number that defines a model, its training and its default sampler."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from tracesynth.channels import channels_for
+from tracesynth.errors import TraceSynthError
+
+
+@dataclass
+class TraceSynthConfig:
+    # windows and channels
+    context: int = 1024  # events per window (L)
+    stride: int | None = None  # window stride in events; None = context // 2 (50% overlap)
+    channels: int = 6  # 6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)
+    max_tids: int = 32  # distinct threads labelled per window; later ones share the last label
+    val_fraction: float = 0.1  # last time block of each trace, held out for validation loss
+    # network (a pre-LN transformer encoder over patches of `patch` events)
+    patch: int | None = None  # events per transformer token; None = max(1, context // 256)
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    dropout: float = 0.0
+    event_dim: int = 16  # latent width of the event channel
+    channel_dim: int = 8  # latent width of each other channel
+    # diffusion
+    timesteps: int = 1000
+    schedule: str = "linear"
+    aux_weight: float = 1.0  # weight of the reconstruction (cross-entropy / dt regression) loss
+    # training
+    steps: int = 1000
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 50
+    grad_clip: float = 1.0
+    checkpoint_every: int = 200
+    seed: int = 0
+    device: str = "cpu"
+    # sampling defaults
+    sampler: str = "ddim"
+    sampling_steps: int = 50
+    clamp: bool = True  # snap the predicted x0 to token embeddings at every step (Diffusion-LM)
+    sample_batch: int = 16  # windows denoised together
+
+    def __post_init__(self) -> None:
+        channels_for(self.channels)
+        if self.context < 2:
+            raise TraceSynthError(f"context must be at least 2 events, got {self.context}")
+        if self.context % self.patch_size:
+            raise TraceSynthError(f"context {self.context} is not a multiple of patch {self.patch_size}")
+        if self.d_model % self.n_heads:
+            raise TraceSynthError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
+        if self.sampler not in ("ddim", "ancestral"):
+            raise TraceSynthError(f"unknown sampler {self.sampler!r} (ddim or ancestral)")
+
+    @property
+    def channel_names(self) -> tuple[str, ...]:
+        return channels_for(self.channels)
+
+    @property
+    def patch_size(self) -> int:
+        return self.patch if self.patch else max(1, self.context // 256)
+
+    @property
+    def window_stride(self) -> int:
+        return self.stride if self.stride else max(1, self.context // 2)
+
+    def latent_dim(self, channel: str) -> int:
+        return self.event_dim if channel == "event" else self.channel_dim
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TraceSynthConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,299 @@
+"""TraceSynth: the diffusion generator behind fit / sample / save / load (the Generator protocol)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from tracesynth.atomic import atomic_path
+from tracesynth.channels import ChannelCodec
+from tracesynth.diffusion.config import TraceSynthConfig
+from tracesynth.diffusion.model import TraceDenoiser
+from tracesynth.diffusion.samplers import make_sampler
+from tracesynth.diffusion.schedule import NoiseSchedule
+from tracesynth.diffusion.train import (
+    optimizer_from_tensors,
+    optimizer_to_tensors,
+    resolve_device,
+    train,
+    world,
+)
+from tracesynth.errors import TraceSynthError
+from tracesynth.splits import split_by_time
+from tracesynth.trace import Trace
+
+FORMAT = "tracesynth-diffusion"
+FILES = ("config.json", "vocab.json", "model.safetensors", "optimizer.safetensors")
+
+
+class TraceSynth:
+    """Multi-channel transformer diffusion model of kernel traces.
+
+    >>> synth = TraceSynth(TraceSynthConfig(context=256, steps=500)).fit([trace])
+    >>> synth.save("model/"); TraceSynth.load("model/").sample(10_000, seed=1)
+    """
+
+    name = "diffusion"
+
+    def __init__(self, config: TraceSynthConfig | None = None):
+        self.config = config or TraceSynthConfig()
+        self.codec: ChannelCodec | None = None
+        self.model: TraceDenoiser | None = None
+        self.step = 0
+        self.history: dict[str, Any] = {}
+        self.source: dict[str, Any] = {}
+        self._opt_state: dict[str, Any] | None = None
+        self.last_repair_report: Any = None
+
+    # -- data ---------------------------------------------------------------------------------
+    def windows(self, traces: Sequence[Trace]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Training and validation windows: each trace's last time block is validation, and windows
+        are cut inside a block, never across two."""
+        assert self.codec is not None
+        cfg = self.config
+        fr = (1 - cfg.val_fraction, cfg.val_fraction) if cfg.val_fraction > 0 else (1.0,)
+        parts: tuple[list, list] = ([], [])
+        for trace in traces:
+            for i, block in enumerate(split_by_time(trace, fr)):
+                parts[i].append(self.codec.windows(self.codec.encode(block), cfg.context, cfg.window_stride))
+        train_w, val_w = (
+            {c: np.concatenate([w[c] for w in p]) for c in self.codec.channels} if p else {} for p in parts
+        )
+        if not train_w or len(train_w["event"]) == 0:
+            longest = max((len(t) for t in traces), default=0)
+            raise TraceSynthError(
+                f"no training window of {cfg.context} events fits (longest trace has {longest} events, "
+                f"{1 - cfg.val_fraction:.0%} of it for training); use a smaller --context"
+            )
+        if not val_w:
+            val_w = {c: v[:0] for c, v in train_w.items()}
+        return train_w, val_w
+
+    # -- Generator protocol -------------------------------------------------------------------
+    def fit(
+        self, traces: Sequence[Trace], checkpoint_dir: str | Path | None = None, progress: bool = False
+    ) -> TraceSynth:
+        """Learn from real traces. A loaded model with training state continues from its step.
+
+        With `checkpoint_dir`, rank 0 writes the model there every `checkpoint_every` steps and at the end.
+        """
+        cfg = self.config
+        if isinstance(traces, Trace):
+            traces = [traces]
+        resuming = self.model is not None and self.codec is not None
+        if not resuming:
+            self.codec = ChannelCodec.fit(traces, cfg.channel_names, cfg.max_tids)
+        train_w, val_w = self.windows(traces)
+        if not resuming:
+            torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+            self.model = TraceDenoiser(cfg, self.codec.vocab_sizes)
+            with torch.no_grad():
+                for c in self.model.discrete:
+                    seen = (
+                        np.union1d(np.unique(train_w[c]), np.unique(val_w[c]))
+                        if len(val_w[c])
+                        else np.unique(train_w[c])
+                    )
+                    mask = torch.zeros_like(getattr(self.model, f"allowed_{c}"))
+                    mask[torch.as_tensor(seen)] = True
+                    getattr(self.model, f"allowed_{c}").copy_(mask)
+            self.step = 0
+            self.source = _source_meta(traces)
+        device = resolve_device(cfg.device)
+
+        def checkpoint(step: int, opt: torch.optim.Optimizer, hist: dict[str, Any]) -> None:
+            self.step, self.history = step, hist
+            self._opt_state = None
+            self._save(checkpoint_dir, opt)  # type: ignore[arg-type]
+
+        hist = train(
+            self.model,
+            cfg,
+            train_w,
+            val_w,
+            device,
+            start_step=self.step,
+            optimizer_state=self._opt_state,
+            checkpoint=checkpoint if checkpoint_dir is not None else None,
+            progress=progress,
+        )
+        self.model.to("cpu")
+        self.step, self.history = cfg.steps, hist
+        self.history["train_windows"], self.history["val_windows"] = len(train_w["event"]), len(val_w["event"])
+        return self
+
+    @torch.no_grad()
+    def sample(
+        self,
+        n_events: int,
+        seed: int = 0,
+        repair: Any = None,
+        sampler: str | None = None,
+        sampling_steps: int | None = None,
+        progress: bool = False,
+        device: str | None = None,
+    ) -> Trace:
+        """Generate n_events events (whole windows, concatenated with time running on, then cut).
+
+        The same seed gives the same trace. With `repair` (a tracesynth.constraints.Rules), the
+        result goes through tracesynth.constraints.repair_trace; its report is kept in
+        `last_repair_report`.
+        """
+        if self.model is None or self.codec is None:
+            raise TraceSynthError("the model is not fitted (call fit() or TraceSynth.load())")
+        if n_events < 0:
+            raise TraceSynthError(f"n_events must be non-negative, got {n_events}")
+        cfg = self.config
+        dev = resolve_device(device or cfg.device)
+        model = self.model.to(dev).eval()
+        schedule = NoiseSchedule(cfg.timesteps, cfg.schedule)
+        name = sampler or cfg.sampler
+        try:
+            smp = make_sampler(name, schedule, sampling_steps or cfg.sampling_steps)
+        except ValueError as exc:
+            raise TraceSynthError(str(exc)) from None
+        L = cfg.context
+        n_win = math.ceil(n_events / L)
+        g = torch.Generator(device=dev).manual_seed(int(seed))
+        x0_fn = model.snap if cfg.clamp else None
+        outs: dict[str, list[np.ndarray]] = {c: [] for c in self.codec.channels}
+        from rich.progress import Progress
+
+        with Progress(disable=not progress, transient=True) as bar:
+            task = bar.add_task(f"sample ({name}, {len(smp.timesteps)} steps)", total=n_win * len(smp.timesteps))
+            for a in range(0, n_win, cfg.sample_batch):
+                b = min(cfg.sample_batch, n_win - a)
+                x = torch.randn((b, L, model.latent), generator=g, device=dev)
+                for t in smp.timesteps:
+                    eps = model(x, torch.full((b,), t, device=dev, dtype=torch.long))
+                    x = smp.step(eps, t, x, g, x0_fn)
+                    bar.advance(task, b)
+                tok = model.round(x)
+                for c in self.codec.channels:
+                    outs[c].append(tok[c].cpu().numpy())
+        self.model.to("cpu")
+        windows = {c: np.concatenate(v) if v else np.zeros((0, L)) for c, v in outs.items()}
+        meta = {
+            "source_format": "synthetic",
+            "generator": self.name,
+            "sampler": name,
+            "sampling_steps": len(smp.timesteps),
+            "seed": int(seed),
+            **{k: v for k, v in self.source.items() if k in ("workload",)},
+        }
+        trace = self.codec.decode(windows, metadata=meta).slice(0, n_events)
+        trace = Trace(trace.table, trace.metadata)
+        if repair is not None:
+            from tracesynth.constraints import repair_trace  # written beside this module; import lazily
+
+            trace, self.last_repair_report = repair_trace(trace, repair, seed=seed)
+        return trace
+
+    # -- storage ------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Write config.json, vocab.json, model.safetensors and optimizer.safetensors atomically."""
+        return self._save(directory, None)
+
+    def _save(self, directory: str | Path, opt: torch.optim.Optimizer | None) -> Path:
+        if self.model is None or self.codec is None:
+            raise TraceSynthError("nothing to save: the model is not fitted")
+        directory = Path(directory)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        if opt is not None:
+            opt_tensors, opt_meta = optimizer_to_tensors(opt)
+        elif self._opt_state is not None:
+            opt_tensors, opt_meta = optimizer_to_tensors_from_state(self._opt_state)
+        else:
+            opt_tensors, opt_meta = {}, {"param_groups": []}
+        meta = {
+            "format": FORMAT,
+            "version": 1,
+            "config": self.config.to_json(),
+            "step": self.step,
+            "vocab_sizes": self.codec.vocab_sizes,
+            "history": _jsonable(self.history),
+            "source": self.source,
+            "optimizer": opt_meta,
+        }
+        with atomic_path(directory, directory=True) as tmp:
+            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
+            (tmp / "vocab.json").write_text(self.codec.dumps())
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+            save_file(opt_tensors, str(tmp / "optimizer.safetensors"), metadata={"format": FORMAT})
+            # mkdtemp/mkstemp make private files; a model is an ordinary shareable output.
+            tmp.chmod(0o755)
+            for f in tmp.iterdir():
+                f.chmod(0o644)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> TraceSynth:
+        """Read a model written by save(); any problem is one TraceSynthError naming the directory."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise TraceSynthError("no such model directory" if not directory.exists() else "not a directory", directory)
+        missing = [f for f in FILES if not (directory / f).is_file()]
+        if missing:
+            raise TraceSynthError(f"not a tracesynth model: missing {', '.join(missing)}", directory)
+        try:
+            meta = json.loads((directory / "config.json").read_text())
+            if meta.get("format") != FORMAT:
+                raise TraceSynthError(f"config.json is not a {FORMAT} model", directory)
+            cfg = TraceSynthConfig.from_json(meta["config"])
+            codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
+            state = load_file(str(directory / "model.safetensors"))
+            opt_tensors = load_file(str(directory / "optimizer.safetensors"))
+        except TraceSynthError:
+            raise
+        except (ValueError, KeyError, TypeError, OSError, SafetensorError) as exc:
+            raise TraceSynthError(f"unreadable model ({type(exc).__name__}: {exc})", directory) from None
+        self = cls(cfg)
+        self.codec = codec
+        self.model = TraceDenoiser(cfg, codec.vocab_sizes)
+        try:
+            self.model.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()
+            raise TraceSynthError(
+                f"weights do not match the config ({first[-1].strip() if first else exc})", directory
+            ) from None
+        self.model.eval()
+        self.step = int(meta.get("step", 0))
+        self.history = meta.get("history", {})
+        self.source = meta.get("source", {})
+        if opt_tensors:
+            self._opt_state = optimizer_from_tensors(opt_tensors, meta.get("optimizer", {"param_groups": []}))
+        return self
+
+
+def optimizer_to_tensors_from_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {
+        f"state.{i}.{k}": torch.as_tensor(v).cpu().contiguous() for i, st in sd["state"].items() for k, v in st.items()
+    }
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def _source_meta(traces: Sequence[Trace]) -> dict[str, Any]:
+    workloads = sorted({str(t.metadata["workload"]) for t in traces if t.metadata.get("workload")})
+    return {"traces": len(traces), "events": int(sum(len(t) for t in traces)), "workload": ",".join(workloads) or None}
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out
+
+
+def is_main_process() -> bool:
+    return world()[0] == 0

@@ -1,0 +1,213 @@
+"""The training loop: noise-prediction + reconstruction loss, AdamW, checkpoints, and DDP.
+
+Run under `torchrun` and each process trains on its own random batches while
+DistributedDataParallel averages the gradients (gloo on CPU, nccl on GPU); only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch import nn
+
+from tracesynth.diffusion.config import TraceSynthConfig
+from tracesynth.diffusion.model import TraceDenoiser
+from tracesynth.diffusion.schedule import NoiseSchedule
+
+Windows = dict[str, np.ndarray]
+Checkpoint = Callable[[int, torch.optim.Optimizer, dict[str, Any]], None]
+
+
+def world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the torchrun environment; (0, 1, 0) otherwise."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def resolve_device(name: str) -> torch.device:
+    """cpu, cuda or cuda:N; under torchrun each process takes the GPU of its local rank."""
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            from tracesynth.errors import TraceSynthError
+
+            raise TraceSynthError("--device cuda asked for, but no CUDA GPU is available")
+        if name == "cuda":
+            return torch.device("cuda", world()[2] % torch.cuda.device_count())
+    return torch.device(name)
+
+
+def init_distributed(device: torch.device) -> bool:
+    """Join the process group when launched by torchrun with more than one process."""
+    rank, size, _ = world()
+    if size <= 1:
+        return False
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return True
+
+
+class DiffusionLoss(nn.Module):
+    """One training step's loss, as a module so DDP sees every parameter used in forward()."""
+
+    def __init__(self, model: TraceDenoiser, schedule: NoiseSchedule, aux_weight: float):
+        super().__init__()
+        self.model = model
+        self.schedule = schedule
+        self.aux_weight = aux_weight
+
+    def forward(
+        self, batch: dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.model
+        x0 = m.embed(batch)
+        x_t = self.schedule.add_noise(x0, noise, t)
+        eps = m(x_t, t)
+        loss_eps = F.mse_loss(eps, noise)
+        x0_hat = self.schedule.predict_x0(x_t, eps, t)
+        # Reconstruction from the predicted x0, weighted by alpha-bar: at high noise x0_hat is
+        # necessarily poor and its gradient is amplified by 1/sqrt(abar), so it must not dominate.
+        w = self.schedule.abar(t, x0).view(-1)
+        aux = x0.new_zeros(())
+        for z in (x0, x0_hat):  # the clean latent keeps the embeddings decodable and distinct
+            for c in m.discrete:
+                ce = F.cross_entropy(m.logits(z, c).transpose(1, 2), batch[c], reduction="none").mean(1)
+                aux = aux + (ce if z is x0 else w * ce).mean()
+            se = ((m.dt_pred(z) - batch["dt"]) ** 2).mean(1)
+            aux = aux + (se if z is x0 else w * se).mean()
+        return loss_eps + self.aux_weight * aux, loss_eps.detach()
+
+
+def lr_at(step: int, cfg: TraceSynthConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def to_device(w: Windows, device: torch.device) -> dict[str, torch.Tensor]:
+    return {c: torch.as_tensor(v).to(device) for c, v in w.items()}
+
+
+@torch.no_grad()
+def evaluate(loss_mod: DiffusionLoss, val: dict[str, torch.Tensor], cfg: TraceSynthConfig, device) -> float:
+    """Mean loss on up to 64 validation windows with fixed noise (comparable across steps)."""
+    n = min(64, len(val["event"]))
+    if n == 0:
+        return float("nan")
+    g = torch.Generator(device="cpu").manual_seed(1234)
+    loss_mod.eval()
+    total = 0.0
+    for a in range(0, n, cfg.batch_size):
+        b = {c: v[a : min(n, a + cfg.batch_size)] for c, v in val.items()}
+        k = len(b["event"])
+        t = torch.randint(0, cfg.timesteps, (k,), generator=g).to(device)
+        noise = torch.randn((k, cfg.context, loss_mod.model.latent), generator=g).to(device)
+        total += float(loss_mod(b, t, noise)[0]) * k
+    loss_mod.train()
+    return total / n
+
+
+def train(
+    model: TraceDenoiser,
+    cfg: TraceSynthConfig,
+    train_w: Windows,
+    val_w: Windows,
+    device: torch.device,
+    start_step: int = 0,
+    optimizer_state: dict[str, Any] | None = None,
+    checkpoint: Checkpoint | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train `model` in place up to cfg.steps; returns figures (losses, events/s)."""
+    distributed = init_distributed(device)
+    rank, size, _ = world()
+    schedule = NoiseSchedule(cfg.timesteps, cfg.schedule)
+    model.to(device).train()
+    loss_mod = DiffusionLoss(model, schedule, cfg.aux_weight)
+    runner: nn.Module = loss_mod
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        runner = DDP(loss_mod, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    if optimizer_state is not None:
+        opt.load_state_dict(optimizer_state)
+    data = to_device(train_w, device)
+    val = to_device(val_w, device)
+    n_win = len(train_w["event"])
+    # Each rank draws its own batches and noise; the step number keeps resumed runs on a fresh stream.
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed * 1000003 + rank * 7919 + start_step)
+    hist: dict[str, Any] = {"loss": float("nan"), "loss_eps": float("nan"), "val_loss": float("nan")}
+    bar = Progress(
+        TextColumn("[bold]fit[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}  val {task.fields[val]:.4f}  {task.fields[eps]:,.0f} events/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not progress or rank != 0,
+        transient=False,
+    )
+    ema, t_start, events = None, time.perf_counter(), 0
+    with bar:
+        task = bar.add_task("fit", total=cfg.steps, completed=start_step, loss=float("nan"), val=float("nan"), eps=0.0)
+        for step in range(start_step, cfg.steps):
+            for grp in opt.param_groups:
+                grp["lr"] = lr_at(step, cfg)
+            idx = torch.randint(0, n_win, (cfg.batch_size,), generator=g)
+            batch = {c: v[idx.to(device)] for c, v in data.items()}
+            t = torch.randint(0, cfg.timesteps, (cfg.batch_size,), generator=g).to(device)
+            noise = torch.randn((cfg.batch_size, cfg.context, model.latent), generator=g).to(device)
+            loss, loss_eps = runner(batch, t, noise)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            lv = loss.item()
+            ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+            hist["loss"], hist["loss_eps"] = ema, float(loss_eps)
+            events += cfg.batch_size * cfg.context * size
+            done = step + 1
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                hist["val_loss"] = evaluate(loss_mod, val, cfg, device)
+                if rank == 0 and checkpoint is not None:
+                    checkpoint(done, opt, dict(hist))
+                if distributed:
+                    dist.barrier()
+            rate = events / max(1e-9, time.perf_counter() - t_start)
+            bar.update(task, completed=done, loss=ema, val=hist["val_loss"], eps=rate)
+    hist["train_events_per_s"] = events / max(1e-9, time.perf_counter() - t_start)
+    hist["steps"] = cfg.steps
+    model.eval()
+    return hist
+
+
+# -- optimizer state without pickle -----------------------------------------------------------
+def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer state dict into named tensors (safetensors) and JSON-able groups."""
+    sd = opt.state_dict()
+    tensors = {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            tensors[f"state.{idx}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, v in tensors.items():
+        _, idx, key = name.split(".", 2)
+        state.setdefault(int(idx), {})[key] = v
+    return {"state": state, "param_groups": meta["param_groups"]}
