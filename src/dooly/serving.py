@@ -34,12 +34,12 @@ from dooly.simulator.workload import Workload
 
 
 def build_model(config, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
-    """A causal LM with random weights from a transformers config (nothing is downloaded)."""
+    """A causal LM with random weights from a transformers config object (tests; the CLI goes through the
+    engine's own ``build_model`` so the served model is the one that was traced and profiled)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
 
 
@@ -133,6 +133,7 @@ class HFExecutor:
         cache = self._cache(slice(s, s + 1), c)
         out = self.model(
             input_ids=ids,
+            attention_mask=torch.ones(1, c + n, dtype=torch.long),  # the engine always passes a mask
             cache=cache,
             position_ids=pos[None],
             cache_position=pos,
@@ -265,3 +266,43 @@ def _warm(model: torch.nn.Module, config: SchedulerConfig, max_len: int) -> None
         ex.run(b)
         for r in sched.complete(b, 0.0):
             ex.release(r)
+
+
+@dataclass
+class Validation:
+    """Simulated vs measured serving of one workload, plus the predictor's error on the measured iterations."""
+
+    measured: ServingResult
+    simulated: object  # SimulationResult
+    rows: list[dict[str, float | str]]  # one per metric: measured/simulated p50 and mean, per-request MAPE
+    iteration_mape: float  # predictor vs measured latency of the very iterations that ran
+
+    def table(self) -> list[dict[str, float | str]]:
+        return self.rows
+
+
+def compare(measured: ServingResult, simulated, latency) -> Validation:
+    """Line up measured and simulated per-request TTFT and TPOT (same request ids) and score them."""
+    from dooly.simulator.metrics import mape
+
+    rows: list[dict[str, float | str]] = []
+    for name in ("ttft", "tpot"):
+        m = getattr(measured.metrics, name)
+        s = getattr(simulated.metrics, name)
+        ok = np.isfinite(m) & np.isfinite(s)
+        rows.append(
+            {
+                "metric": name.upper(),
+                "measured_p50": float(np.median(m[ok])) if ok.any() else float("nan"),
+                "simulated_p50": float(np.median(s[ok])) if ok.any() else float("nan"),
+                "measured_mean": float(m[ok].mean()) if ok.any() else float("nan"),
+                "simulated_mean": float(s[ok].mean()) if ok.any() else float("nan"),
+                "mape_pct": mape(s, m),
+            }
+        )
+    for row in rows:
+        row["p50_err_pct"] = abs(row["simulated_p50"] - row["measured_p50"]) / row["measured_p50"] * 100
+        row["mean_err_pct"] = abs(row["simulated_mean"] - row["measured_mean"]) / row["measured_mean"] * 100
+    pred = np.array([latency.iteration_latency(b.to_batch()) for b in measured.batches])
+    meas = np.array([it.end - it.start for it in measured.iterations])
+    return Validation(measured, simulated, rows, mape(pred, meas))

@@ -1,1 +1,292 @@
-"""Commands registered on the dooly app (filled in by its feature)."""
+"""`dooly simulate`, `validate-serving`, `export-vidur`, `report` and `demo`: serving questions from profiles."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from dooly.cli.app import app
+from dooly.errors import DoolyError
+
+out = Console()
+
+
+def _ms(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{x * 1e3:.1f}"
+
+
+def _sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int, kv_blocks: int):
+    from dooly.simulator import SchedulerConfig
+
+    return SchedulerConfig(
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=max_tokens,
+        chunked_prefill=chunked,
+        block_size=block_size,
+        num_kv_blocks=kv_blocks,
+    )
+
+
+def load_latency_model(model: str, db: Path):
+    """The profile DB's iteration-latency predictor for `model` (see dooly.predictor)."""
+    from dooly import predictor as P
+
+    if not db.exists():
+        raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
+    loader = getattr(P, "load_predictor", None)
+    if loader is not None:
+        return loader(model, db)
+    cls = getattr(P, "Predictor", None)
+    if cls is None:
+        raise DoolyError("dooly.predictor has no Predictor yet: cannot simulate from profiles")
+    for name in ("from_db", "load", "open"):
+        if hasattr(cls, name):
+            return getattr(cls, name)(db, model)
+    return cls(db, model)
+
+
+SIM_HELP = "Workload: a CSV/JSONL trace or a generator spec such as poisson:n=64,rate=2,prompt=32-256,output=16"
+
+
+@app.command()
+def simulate(
+    model: str = typer.Argument(..., help="Model name (zoo) or config path, as profiled."),
+    db: Path = typer.Option(..., "--db", help="Profile database (SQLite)."),
+    workload: str = typer.Option("poisson:n=200,rate=2,prompt=32-512,output=8-128,seed=0", help=SIM_HELP),
+    max_seqs: int = typer.Option(32, "--max-num-seqs", help="Most requests in one iteration."),
+    max_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Token budget of one iteration."),
+    chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
+    block_size: int = typer.Option(16, help="KV-cache block size in tokens."),
+    kv_blocks: int = typer.Option(4096, help="KV-cache blocks per replica."),
+    replicas: int = typer.Option(1, help="Replicas (requests spread round-robin)."),
+    sweep: bool = typer.Option(False, "--sweep", help="Sweep max tokens, max seqs and chunked prefill."),
+    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="SLO on p90 TTFT, seconds."),
+    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="SLO on p90 TPOT, seconds."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write per-request (or sweep) CSV here."),
+) -> None:
+    """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
+    from dooly.simulator import parse_workload
+    from dooly.simulator import simulate as run_sim
+    from dooly.simulator.search import SLO, best, config_grid
+    from dooly.simulator.search import sweep as run_sweep
+
+    w = parse_workload(workload)
+    latency = load_latency_model(model, db)
+    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
+    from dooly.report import save_result
+
+    res = run_sim(w, latency, cfg, num_replicas=replicas)
+    payload = {"kind": "simulation", "model": model, "workload": workload, "config": cfg.label(),
+               "summary": res.summary.row(), "ttft": res.metrics.ttft, "e2e": res.metrics.e2e}  # fmt: skip
+    if not sweep:
+        print_summary(res.summary, f"{model}: {len(w)} requests, {cfg.label()}")
+        save_result(db, f"simulation-{Path(model).stem}", payload)
+        if output:
+            res.metrics.save_csv(output)
+            out.print(f"per-request metrics: {output}")
+        return
+    slo = SLO(slo_ttft, slo_tpot)
+    configs = config_grid(cfg)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("simulating configs", total=len(configs))
+        points = run_sweep(w, latency, configs, slo, replicas, progress=lambda: bar.advance(task))
+    table = Table("max seqs", "max tokens", "chunked", "TTFT p90 ms", "TPOT p90 ms", "e2e p90 ms", "tok/s", "SLO")
+    for p in points:
+        s = p.summary
+        if s is None:
+            table.add_row(
+                str(p.config.max_num_seqs),
+                str(p.config.max_num_batched_tokens),
+                str(p.config.chunked_prefill),
+                "-",
+                "-",
+                "-",
+                "-",
+                "infeasible",
+            )
+            continue
+        table.add_row(
+            str(p.config.max_num_seqs),
+            str(p.config.max_num_batched_tokens),
+            str(p.config.chunked_prefill),
+            _ms(s.ttft["p90"]),
+            _ms(s.tpot["p90"]),
+            _ms(s.e2e["p90"]),
+            f"{s.throughput_tokens:.1f}",
+            "yes" if p.meets_slo else "no",
+        )
+    out.print(table)
+    top = best(points)
+    if top is None:
+        out.print(f"no configuration meets {slo.describe()}")
+    else:
+        out.print(
+            f"best under {slo.describe()}: [bold]{top.config.label()}[/] "
+            f"({top.summary.throughput_tokens:.1f} tok/s, TTFT p90 {_ms(top.summary.ttft['p90'])} ms)"
+        )
+    payload.update(slo=slo.describe(), best=top.config.label() if top else "none meets the SLO")
+    payload["sweep"] = [
+        {"max_num_seqs": p.config.max_num_seqs, "max_num_batched_tokens": p.config.max_num_batched_tokens,
+         "chunked": p.config.chunked_prefill, "ttft_p90_s": p.summary.ttft["p90"] if p.summary else float("nan"),
+         "tpot_p90_s": p.summary.tpot["p90"] if p.summary else float("nan"),
+         "tok_per_s": p.summary.throughput_tokens if p.summary else float("nan"), "meets_slo": p.meets_slo}
+        for p in points
+    ]  # fmt: skip
+    save_result(db, f"simulation-{Path(model).stem}", payload)
+    if output:
+        from dooly.report import write_sweep_csv
+
+        write_sweep_csv(points, output)
+        out.print(f"sweep table: {output}")
+
+
+def print_summary(s, title: str) -> None:
+    table = Table("metric", "mean", "p50", "p90", "p99", title=title)
+    for name in ("ttft", "tpot", "e2e"):
+        d = getattr(s, name)
+        table.add_row(f"{name.upper()} ms", _ms(d["mean"]), _ms(d["p50"]), _ms(d["p90"]), _ms(d["p99"]))
+    out.print(table)
+    out.print(
+        f"throughput {s.throughput_tokens:.1f} output tok/s, {s.throughput_requests:.2f} req/s; "
+        f"batch mean {s.mean_batch_size:.1f} (max {s.max_batch_size}); peak KV {s.peak_kv_usage:.0%}; "
+        f"{s.preemptions} preemptions over {s.iterations} iterations"
+    )
+
+
+def resolve_config(model: str) -> dict:
+    """A model's config dict: a JSON file, a directory with config.json, or a zoo name."""
+    try:
+        from dooly import zoo
+
+        for name in ("load_config", "get_config", "config"):
+            fn = getattr(zoo, name, None)
+            if callable(fn) and not Path(model).exists():
+                return dict(fn(model))
+    except ImportError:
+        pass
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        path = Path(__file__).resolve().parents[1] / "zoo" / f"{model}.json"
+    if not path.exists():
+        raise DoolyError(f"{model}: neither a config file nor a zoo model")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DoolyError(f"{path}: not a JSON model config ({exc})") from None
+    return cfg.get("config", cfg) if isinstance(cfg, dict) else {}
+
+
+def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype: str) -> dict:
+    """Serve `workload` on the real engine, simulate it from the profiles, return the result payload."""
+    import numpy as np
+
+    from dooly.engines.hf import HFEagerEngine
+    from dooly.serving import compare, serve
+    from dooly.simulator import CachedLatency, parse_workload
+    from dooly.simulator import simulate as run_sim
+
+    w = parse_workload(workload)
+    latency = CachedLatency(load_latency_model(model, db))
+    engine = HFEagerEngine(device="cpu", dtype=dtype)
+    hf_model = engine.build_model(resolve_config(model))
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"serving {len(w)} requests on {model}", total=int(w.output.sum()))
+        measured = serve(
+            w, hf_model, cfg, threads=threads, on_iteration=lambda it: bar.advance(task, it.num_decode + it.num_prefill)
+        )
+    simulated = run_sim(w, latency, cfg)
+    v = compare(measured, simulated, latency)
+    pred = [latency.iteration_latency(b.to_batch()) for b in measured.batches]
+    return {
+        "kind": "validation",
+        "model": model,
+        "workload": workload,
+        "config": cfg.label(),
+        "threads": threads,
+        "table": v.rows,
+        "iteration_mape": v.iteration_mape,
+        "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
+        "simulated": {"ttft": simulated.metrics.ttft, "tpot": simulated.metrics.tpot, "e2e": simulated.metrics.e2e},
+        "iterations": {"measured": np.array([it.end - it.start for it in measured.iterations]), "predicted": pred},
+    }
+
+
+def print_validation(payload: dict) -> None:
+    table = Table(
+        "metric", "measured p50 ms", "sim p50 ms", "measured mean ms", "sim mean ms", "per-request MAPE",
+        title=f"{payload['model']}: {payload['workload']} ({payload['config']})",
+    )  # fmt: skip
+    for r in payload["table"]:
+        table.add_row(r["metric"], _ms(r["measured_p50"]), _ms(r["simulated_p50"]), _ms(r["measured_mean"]),
+                      _ms(r["simulated_mean"]), f"{r['mape_pct']:.1f}%")  # fmt: skip
+    out.print(table)
+    out.print(f"iteration latency MAPE (predictor vs the iterations that ran): {payload['iteration_mape']:.1f}%")
+
+
+@app.command("validate-serving")
+def validate_serving(
+    model: str = typer.Argument(..., help="Model name (zoo) or config path, as profiled."),
+    db: Path = typer.Option(..., "--db", help="Profile database (SQLite)."),
+    workload: str = typer.Option("poisson:n=24,rate=4,prompt=16-128,output=8-24,seed=0", help=SIM_HELP),
+    max_seqs: int = typer.Option(8, "--max-num-seqs", help="Most requests in one iteration."),
+    max_tokens: int = typer.Option(512, "--max-num-batched-tokens", help="Token budget of one iteration."),
+    chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
+    block_size: int = typer.Option(16, help="KV-cache block size in tokens."),
+    kv_blocks: int = typer.Option(4096, help="KV-cache blocks."),
+    threads: int = typer.Option(1, help="torch threads for the real engine (match the profiling run)."),
+    dtype: str = typer.Option("bfloat16", help="Engine dtype (match the profiling run)."),
+) -> None:
+    """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
+    from dooly.report import save_result
+
+    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
+    payload = run_validation(model, db, workload, cfg, threads, dtype)
+    print_validation(payload)
+    path = save_result(db, f"validation-{Path(model).stem}", payload)
+    out.print(f"result: {path}")
+
+
+@app.command("export-vidur")
+def export_vidur_cmd(
+    model: str = typer.Argument(..., help="Model name (zoo) or config path, as traced and profiled."),
+    db: Path = typer.Option(..., "--db", help="Profile database (SQLite)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Directory for mlp.csv and attention.csv."),
+) -> None:
+    """Write MODEL's profiles as Vidur profiling CSVs (data/profiling/compute/<device>/<model>/)."""
+    from dooly.vidur_export import export_vidur
+
+    mlp, attn = export_vidur(model, db, output, resolve_config(model))
+    out.print(f"wrote {mlp} and {attn}")
+
+
+@app.command()
+def report(
+    db: Path = typer.Option(..., "--db", help="Profile database (SQLite)."),
+    output: Path = typer.Option(Path("dooly-report.html"), "-o", "--output", help="HTML file to write."),
+    results: Path | None = typer.Option(None, help="Results directory (default: beside the DB)."),
+) -> None:
+    """Write one self-contained HTML report: savings, validation, simulated latency."""
+    from dooly.report import write_report
+
+    path = write_report(db, output, results)
+    out.print(f"report: {path}")
+
+
+@app.command()
+def demo(
+    workdir: Path = typer.Option(Path("out/dooly-demo"), help="Where the DB, results and report go."),
+    quick: bool = typer.Option(False, help="Smallest settings (a smoke run)."),
+) -> None:
+    """Run dooly end to end on the zoo's small models: trace, profile with reuse, validate, simulate, report."""
+    from dooly.demo import run_demo
+
+    path = run_demo(workdir, quick=quick)
+    out.print(f"[bold]dooly report:[/] {path}")

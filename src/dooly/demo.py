@@ -1,0 +1,51 @@
+"""`dooly demo`: the whole dooly pipeline on the zoo's small models, in a few minutes on a CPU.
+
+1. trace + profile the small models into one DB (``dooly profile``; later models reuse earlier profiles),
+2. validate serving: the real engine serves a small Poisson workload and the simulator predicts it,
+3. simulate a larger workload and sweep engine settings under an SLO,
+4. write the HTML report.
+
+Each step is the public CLI command, run as a subprocess, so the demo exercises exactly what a user runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from dooly.errors import DoolyError
+
+SMALL_MODELS = ("smollm2-135m", "qwen2.5-0.5b", "smollm2-360m")
+VALIDATE_MODEL = "smollm2-135m"
+VALIDATE_WORKLOAD = "poisson:n=24,rate=4,prompt=16-128,output=8-24,seed=0"
+SIM_WORKLOAD = "poisson:n=300,rate=3,prompt=32-512,output=8-128,seed=1"
+
+
+def _run(args: list[str], console: Console) -> None:
+    console.print(f"[bold]$ dooly {' '.join(args)}[/]")
+    proc = subprocess.run([sys.executable, "-m", "dooly", *args])
+    if proc.returncode != 0:
+        raise DoolyError(f"demo step `dooly {' '.join(args)}` failed (exit {proc.returncode})")
+
+
+def run_demo(workdir: str | Path, quick: bool = False) -> Path:
+    """Run every step into `workdir`; returns the report path."""
+    console = Console(stderr=True)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = workdir / "profiles.db"
+    models = SMALL_MODELS[:2] if quick else SMALL_MODELS
+    _run(["profile", *models, "--db", str(db)], console)
+    workload = "poisson:n=8,rate=4,prompt=16-64,output=4-8,seed=0" if quick else VALIDATE_WORKLOAD
+    _run(["validate-serving", VALIDATE_MODEL, "--db", str(db), "--workload", workload], console)
+    _run(
+        ["simulate", VALIDATE_MODEL, "--db", str(db), "--workload", SIM_WORKLOAD, "--sweep",
+         "--slo-ttft", "2.0", "--slo-tpot", "0.2", "-o", str(workdir / "sweep.csv")],
+        console,
+    )  # fmt: skip
+    report = workdir / "dooly-report.html"
+    _run(["report", "--db", str(db), "-o", str(report)], console)
+    return report

@@ -1,0 +1,275 @@
+"""`dooly report`: one self-contained HTML page from a profile DB and the serving results beside it.
+
+Sections: profiling savings per model (cross-model reuse vs profiling each model alone, from the DB's
+traces and measured costs), predicted vs measured forward latency (where the DB holds measured forwards and
+a predictor), simulated vs measured serving latency CDFs and the validation table (from the JSON results
+``dooly validate-serving`` writes), and any configuration sweep. Plots are matplotlib PNGs embedded as
+base64, so the page is one file that opens anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dooly.errors import DoolyError
+from tracesynth.atomic import atomic_path
+
+
+def results_dir_for(db: str | Path) -> Path:
+    """Where serving results of a profile DB live: ``profiles.db`` -> ``profiles.results/``."""
+    db = Path(db)
+    return db.with_name(db.stem + ".results")
+
+
+def save_result(db: str | Path, name: str, payload: dict[str, Any]) -> Path:
+    """Write one JSON result (validation or sweep) beside the DB, atomically."""
+    d = results_dir_for(db)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.json"
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(payload, indent=1, default=_jsonable))
+    return path
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return [None if not np.isfinite(v) else float(v) for v in x.astype(float)]
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(type(x))
+
+
+def write_sweep_csv(points, path: str | Path) -> Path:
+    path = Path(path)
+    rows = []
+    for p in points:
+        row = {
+            "max_num_seqs": p.config.max_num_seqs,
+            "max_num_batched_tokens": p.config.max_num_batched_tokens,
+            "chunked_prefill": p.config.chunked_prefill,
+            "meets_slo": p.meets_slo,
+            "note": p.reason,
+        }
+        if p.summary is not None:
+            row.update(p.summary.row())
+        rows.append(row)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+# -- savings --------------------------------------------------------------------------------------------
+
+
+def savings_from_db(db: str | Path) -> list[dict[str, Any]]:
+    """Per model (in the order they were traced): profiling seconds alone vs with reuse of earlier models.
+
+    "Alone" is the measured cost of every unique signature the model runs (within-model reuse allowed, as
+    Vidur); "with reuse" counts only signatures no earlier model had.
+    """
+    con = sqlite3.connect(f"file:{Path(db)}?mode=ro", uri=True)
+    try:
+        traces = con.execute("SELECT model, trace_json FROM traces ORDER BY created").fetchall()
+        costs = dict(con.execute("SELECT sig_key, SUM(cost_s) FROM points GROUP BY sig_key").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise DoolyError(f"{db}: not a dooly profile database ({exc})") from None
+    finally:
+        con.close()
+    per_model: dict[str, set[str]] = {}
+    for model, text in traces:
+        keys = per_model.setdefault(model, set())
+        for rec in json.loads(text).get("records", []):
+            k = rec.get("sig") if isinstance(rec, dict) else None
+            if k:
+                keys.add(k)
+    seen: set[str] = set()
+    rows = []
+    for model, keys in per_model.items():
+        alone = sum(costs.get(k, 0.0) for k in keys)
+        new = keys - seen
+        reuse = sum(costs.get(k, 0.0) for k in new)
+        rows.append({"model": model, "signatures": len(keys), "new": len(new), "alone_s": alone, "with_reuse_s": reuse})
+        seen |= keys
+    return rows
+
+
+# -- plots ----------------------------------------------------------------------------------------------
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _fig(w: float = 6.0, h: float = 3.6):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(w, h))
+
+
+def _savings_plot(rows: list[dict[str, Any]]) -> str:
+    fig, ax = _fig(max(6.0, 0.6 * len(rows)))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["alone_s"] for r in rows], 0.4, label="profiled alone")
+    ax.bar(x + 0.2, [r["with_reuse_s"] for r in rows], 0.4, label="with cross-model reuse")
+    ax.set_xticks(x, [r["model"] for r in rows], rotation=40, ha="right", fontsize=8)
+    ax.set_ylabel("profiling cost (s)")
+    ax.legend()
+    return _png(fig)
+
+
+def _cdf_plot(result: dict[str, Any], metric: str) -> str:
+    fig, ax = _fig(5.0, 3.2)
+    for label in ("measured", "simulated"):
+        vals = np.array([v for v in result[label][metric] if v is not None], dtype=float) * 1e3
+        if len(vals):
+            xs = np.sort(vals)
+            ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=label)
+    ax.set_xlabel(f"{metric.upper()} (ms)")
+    ax.set_ylabel("CDF")
+    ax.set_title(f"{result['model']}: {metric.upper()}")
+    ax.legend()
+    return _png(fig)
+
+
+def _iteration_plot(result: dict[str, Any]) -> str:
+    fig, ax = _fig(4.2, 3.6)
+    m = np.array(result["iterations"]["measured"], dtype=float) * 1e3
+    p = np.array(result["iterations"]["predicted"], dtype=float) * 1e3
+    ax.scatter(m, p, s=8, alpha=0.6)
+    hi = float(max(m.max(), p.max())) * 1.05 if len(m) else 1.0
+    ax.plot([0, hi], [0, hi], "k--", lw=0.8)
+    ax.set_xlabel("measured iteration (ms)")
+    ax.set_ylabel("predicted iteration (ms)")
+    ax.set_title(f"{result['model']}: per-iteration latency")
+    return _png(fig)
+
+
+# -- page -----------------------------------------------------------------------------------------------
+
+
+def _table(rows: list[dict[str, Any]], fmt: dict[str, str] | None = None) -> str:
+    if not rows:
+        return "<p><em>none</em></p>"
+    fmt = fmt or {}
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+
+    def cell(c: str, v: Any) -> str:
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return "-"
+            return format(v, fmt.get(c, ".3g"))
+        return html.escape(str(v))
+
+    body = "".join("<tr>" + "".join(f"<td>{cell(c, r.get(c, ''))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}img{margin:4px}h2{border-bottom:1px solid #ddd;margin-top:2em}"""
+
+
+def build_report(db: str | Path, results: str | Path | None = None) -> str:
+    """The HTML page (a string) for profile DB `db` and its results directory."""
+    db = Path(db)
+    if not db.exists():
+        raise DoolyError(f"{db}: no such profile database")
+    results = Path(results) if results else results_dir_for(db)
+    parts = [f"<html><head><meta charset='utf-8'><title>dooly report</title><style>{CSS}</style></head><body>"]
+    parts.append(f"<h1>dooly report</h1><p>profile database <code>{html.escape(str(db))}</code></p>")
+
+    rows = savings_from_db(db)
+    parts.append("<h2>Profiling cost and cross-model reuse</h2>")
+    if rows:
+        alone = sum(r["alone_s"] for r in rows)
+        reuse = sum(r["with_reuse_s"] for r in rows)
+        saved = 1 - reuse / alone if alone > 0 else float("nan")
+        parts.append(
+            f"<p>{len(rows)} models: {alone:.1f} s profiling each alone vs {reuse:.1f} s with reuse: "
+            f"<b>{saved:.1%} saved</b> (the Dooly paper reports 56.4% over 12 models on GPUs).</p>"
+        )
+        parts.append(_table(rows, {"alone_s": ".2f", "with_reuse_s": ".2f"}))
+        parts.append(f"<img src='{_savings_plot(rows)}'>")
+    else:
+        parts.append("<p><em>no traced models in this database</em></p>")
+
+    files = sorted(results.glob("*.json")) if results.is_dir() else []
+    loaded = []
+    for f in files:
+        try:
+            loaded.append(json.loads(f.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise DoolyError(f"{f}: not a dooly result file") from None
+    vals = [r for r in loaded if r.get("kind") == "validation"]
+    parts.append("<h2>Serving validation: simulated vs measured (real engine on this machine)</h2>")
+    if vals:
+        table = []
+        for r in vals:
+            for row in r["table"]:
+                table.append({"model": r["model"], "workload": r["workload"], **row})
+            table.append(
+                {"model": r["model"], "workload": r["workload"], "metric": "iteration", "mape_pct": r["iteration_mape"]}
+            )
+        parts.append(_table(table, {k: ".4f" for k in ("measured_p50", "simulated_p50", "measured_mean",
+                                                         "simulated_mean")} | {"mape_pct": ".1f"}))  # fmt: skip
+        parts.append("<p>Times in seconds. MAPE is per request (TTFT, TPOT) or per iteration (predictor vs the "
+                     "measured latency of the iterations that actually ran). The CPU is shared, so measured "
+                     "times carry noise from other work.</p>")  # fmt: skip
+        for r in vals:
+            parts.append(
+                f"<div><img src='{_cdf_plot(r, 'ttft')}'><img src='{_cdf_plot(r, 'tpot')}'>"
+                f"<img src='{_iteration_plot(r)}'></div>"
+            )
+    else:
+        parts.append("<p><em>no validation results (run <code>dooly validate-serving</code>)</em></p>")
+    sims = [r for r in loaded if r.get("kind") == "simulation"]
+    if sims:
+        parts.append("<h2>Simulated serving</h2>")
+        for r in sims:
+            parts.append(f"<h3>{html.escape(r['model'])}: {html.escape(r['workload'])}</h3>")
+            parts.append(_table([r["summary"]], {}))
+            if r.get("sweep"):
+                parts.append(f"<p>sweep under {html.escape(r.get('slo', ''))}; best: "
+                             f"<b>{html.escape(str(r.get('best')))}</b></p>")  # fmt: skip
+                parts.append(_table(r["sweep"]))
+            if r.get("e2e"):
+                fig, ax = _fig(5.0, 3.2)
+                for metric in ("ttft", "e2e"):
+                    xs = np.sort(np.array([v for v in r[metric] if v is not None], dtype=float) * 1e3)
+                    ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=metric.upper())
+                ax.set_xlabel("ms")
+                ax.set_ylabel("CDF")
+                ax.legend()
+                parts.append(f"<img src='{_png(fig)}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(db: str | Path, output: str | Path, results: str | Path | None = None) -> Path:
+    output = Path(output)
+    page = build_report(db, results)
+    with atomic_path(output) as tmp:
+        tmp.write_text(page)
+    return output

@@ -1,0 +1,132 @@
+"""Report, CLI serving commands (with a stand-in predictor) and the Vidur op mapping."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dooly.batch import Batch
+from dooly.cli import app
+from dooly.report import build_report, save_result, savings_from_db, write_report
+from dooly.store import Measurement, ProfileContext, ProfileStore
+from dooly.vidur_export import vidur_op
+
+
+class Linear:
+    def iteration_latency(self, batch: Batch) -> float:
+        return 0.003 + 2e-4 * batch.num_tokens + 1e-6 * sum(batch.decode)
+
+
+def _trace(model: str, keys: list[str]) -> str:
+    recs = [{"sig": k, "order": i, "module": "m", "layer": 0, "view": False} for i, k in enumerate(keys)]
+    return json.dumps({"format": "dooly.trace/1", "model": model, "records": recs})
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "profiles.db"
+    ctx = ProfileContext("cpu-test")
+    with ProfileStore(path) as store:
+        store.put_trace("hf-eager", "a", "prefill", _trace("a", ["s1", "s2", "s2"]))
+        store.put_trace("hf-eager", "b", "prefill", _trace("b", ["s2", "s3"]))
+        for key, cost in (("s1", 1.0), ("s2", 2.0), ("s3", 4.0)):
+            store.put_point(ctx, key, {"tokens": 8}, Measurement(1e-3, 9e-4, 1.1e-3, 5, cost))
+    return path
+
+
+def test_savings_counts_each_signature_once(db):
+    rows = savings_from_db(db)
+    assert [r["model"] for r in rows] == ["a", "b"]
+    assert rows[0]["alone_s"] == pytest.approx(3.0) and rows[0]["with_reuse_s"] == pytest.approx(3.0)
+    assert rows[1]["alone_s"] == pytest.approx(6.0) and rows[1]["with_reuse_s"] == pytest.approx(4.0)
+
+
+def test_report_is_self_contained(db, tmp_path):
+    rng = np.random.default_rng(0)
+    m = rng.uniform(0.1, 0.2, 20)
+    save_result(
+        db,
+        "validation-a",
+        {
+            "kind": "validation",
+            "model": "a",
+            "workload": "w",
+            "config": "c",
+            "table": [{"metric": "TTFT", "measured_p50": 0.15, "simulated_p50": 0.16, "mape_pct": 4.2}],
+            "iteration_mape": 3.3,
+            "measured": {"ttft": m, "tpot": m / 10},
+            "simulated": {"ttft": m * 1.05, "tpot": m / 9},
+            "iterations": {"measured": m / 5, "predicted": m / 5.2},
+        },
+    )
+    out = write_report(db, tmp_path / "r.html")
+    page = out.read_text()
+    assert page.count("data:image/png;base64,") == 4  # savings + 2 CDFs + iteration scatter
+    assert "22.2% saved" in page  # 1 - (3 + 4) / (3 + 6)
+    assert "4.2" in page and "http" not in page.replace("http-equiv", "")
+
+
+def test_report_errors(tmp_path):
+    from dooly.errors import DoolyError
+
+    with pytest.raises(DoolyError, match="no such profile database"):
+        build_report(tmp_path / "none.db")
+
+
+def test_cli_simulate_and_sweep(db, tmp_path, monkeypatch):
+    import dooly.cli.serve as serve_cli
+
+    monkeypatch.setattr(serve_cli, "load_latency_model", lambda model, db: Linear())
+    runner = CliRunner()
+    res = runner.invoke(
+        app, ["simulate", "a", "--db", str(db), "--workload", "poisson:n=40,rate=20,prompt=64-400,output=4-16"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "TTFT" in res.output and "throughput" in res.output
+    csv_out = tmp_path / "sweep.csv"
+    res = runner.invoke(
+        app,
+        ["simulate", "a", "--db", str(db), "--workload", "poisson:n=40,rate=20,prompt=64-400,output=4-16",
+         "--sweep", "--slo-ttft", "0.5", "-o", str(csv_out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "best under TTFT p90 <= 500 ms" in res.output
+    lines = csv_out.read_text().splitlines()
+    assert len(lines) == 1 + 32
+    # 400-token prompts do not fit a 256-token budget without chunking: listed as infeasible
+    assert sum("above max_num_batched_tokens" in line for line in lines) == 4
+    saved = json.loads((tmp_path / "profiles.results" / "simulation-a.json").read_text())
+    assert saved["kind"] == "simulation" and len(saved["sweep"]) == 32
+    page = build_report(db)
+    assert "Simulated serving" in page
+
+
+def test_cli_bad_workload_is_one_line(db):
+    from dooly.cli.app import main  # noqa: F401  (the entry point turns DoolyError into exit 1)
+
+    res = CliRunner().invoke(app, ["simulate", "a", "--db", str(db), "--workload", "nope.csv"])
+    assert res.exit_code != 0
+    assert "no such workload file" in str(res.exception)
+
+
+@pytest.mark.parametrize(
+    "module,op",
+    [
+        ("model.embed_tokens", "emb"),
+        ("model.layers.0.input_layernorm", "input_layernorm"),
+        ("model.layers.0.self_attn.q_proj", "attn_pre_proj"),
+        ("model.layers.0.self_attn.o_proj", "attn_post_proj"),
+        ("model.layers.0.self_attn", "attn"),
+        ("model.layers.0.post_attention_layernorm", "post_attention_layernorm"),
+        ("model.layers.0.mlp.gate_proj", "mlp_up_proj"),
+        ("model.layers.0.mlp.down_proj", "mlp_down_proj"),
+        ("model.layers.0.mlp.act_fn", "mlp_act"),
+        ("model.decoder.layers.0.fc1", None),
+        ("model.layers.0", "add"),
+    ],
+)
+def test_vidur_op_mapping(module, op):
+    assert vidur_op(module) == op
