@@ -32,7 +32,9 @@ API (used by the LTTng and perf CTF readers)::
 
 Rows come in babeltrace2's muxed order (non-decreasing time across all streams). A field name
 is as babeltrace2 prints it (CTF's leading underscore stripped: `_tid` -> `tid`). Integer values
-printed in hex or as enumerations are decoded too. `import_bt2()` imports the Debian bindings
+printed in hex or as enumerations are decoded too. Beware: babeltrace2 2.0.4 may print an empty
+string field with a stale value from an earlier event of the same class (a recycling bug), so
+writers should not rely on empty strings. `import_bt2()` imports the Debian bindings
 lazily for callers that need the object API. A failing babeltrace2 (corrupt or truncated trace,
 no trace) raises TraceSynthError naming the path, with babeltrace2's own root cause.
 """

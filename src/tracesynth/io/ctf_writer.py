@@ -9,7 +9,7 @@ Layout (what `read_lttng` reads back exactly):
 - One stream file per CPU (`channel0_<cpu>`, packet context `cpu_id`); rows with a null CPU go to
   one `channel0_nocpu` stream of a second stream class without `cpu_id`.
 - Every event carries LTTng-style context fields `_tid` (int32, -1 = unknown) and `_procname`
-  (string, "" = unknown), as `lttng add-context -t tid -t procname` would, so threads round-trip
+  (string, `<unknown>` = unknown), as `lttng add-context -t tid -t procname` would, so threads round-trip
   exactly even where no sched_switch precedes an event.
 - Event classes are keyed by (name, has ret): rows with a non-null `ret` use a class whose payload
   is `int64 _ret` (syscall exits, like lttng-modules), the others a class without it, so null
@@ -20,7 +20,9 @@ Layout (what `read_lttng` reads back exactly):
 All fields are byte-aligned and little-endian, so records are built for many events at once with
 numpy (fixed parts written column by column, the variable `_procname` bytes scattered by length)
 instead of a Python loop per event. Limits: event names must be printable without spaces,
-quotes, backslashes or commas; tids must fit int32; a comm of "" reads back as null. Rows with
+quotes, backslashes or commas; tids must fit int32; a comm of "" or "<unknown>" reads back as null
+(babeltrace2 2.0 shows a stale value for an empty string field, so unknown comms are never written
+empty). Rows with
 equal timestamps on different CPUs come back in babeltrace2's stream-merge order.
 """
 
@@ -40,6 +42,7 @@ from tracesynth.trace import Trace
 
 CTF_MAGIC = 0xC1FC1FC1
 TASK_COMM_LEN = 16  # sched_switch prev_comm/next_comm are char[16] in lttng-modules
+NULL_COMM = "<unknown>"  # written for a null comm (never "": babeltrace2 2.0.4 misprints empty strings)
 _NAME_OK = re.compile(r"[!-~]+")  # printable ASCII without space
 _NAME_BAD_CHARS = set('"\\,')
 _HEADER_BYTES = 12  # uint32 id + uint64 timestamp
@@ -220,7 +223,7 @@ def _records(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Byte image of consecutive event records and each record's end offset."""
     n = len(ids)
-    comm_len = np.array([len(b) for b in comm_bytes] + [0], dtype=np.int64)  # code -1 -> ""
+    comm_len = np.array([len(b) for b in comm_bytes], dtype=np.int64)
     strlen = comm_len[comm_codes] + 1 if with_context else np.zeros(n, dtype=np.int64)
     payload = np.where(has_ret, 8, 0) + np.where(is_switch, _SWITCH_BYTES, 0)
     fixed = _HEADER_BYTES + (_CTX_FIXED if with_context else 0)
@@ -236,7 +239,7 @@ def _records(
     _put(out, start, head.view(np.uint8).reshape(n, fixed))
     if comm_bytes and with_context:
         width = int(comm_len.max())
-        mat = np.zeros((len(comm_bytes) + 1, max(width, 1)), dtype=np.uint8)
+        mat = np.zeros((len(comm_bytes), max(width, 1)), dtype=np.uint8)
         for i, b in enumerate(comm_bytes):
             mat[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
         for k in range(width):  # byte k of each row's procname, rows whose name is longer than k
@@ -257,7 +260,7 @@ def _switch_payload(
 ) -> np.ndarray:
     """lttng-modules sched_switch fields for the switch rows at `positions` of one stream."""
     n = len(tid)
-    truncated = np.array([b[: TASK_COMM_LEN - 1] for b in comm_bytes] + [b""], dtype=f"S{TASK_COMM_LEN}")
+    truncated = np.array([b[: TASK_COMM_LEN - 1] for b in comm_bytes], dtype=f"S{TASK_COMM_LEN}")
     idle = f"swapper/{cpu if cpu is not None else 0}".encode()
     nxt = positions + 1
     has_next = nxt < n
@@ -303,6 +306,9 @@ def write_ctf(
     comm_bytes = [s.encode("utf-8") for s in comm_vocab]
     if any(b"\0" in b for b in comm_bytes):
         raise TraceSynthError("a comm value contains a NUL byte and cannot be written to CTF", directory)
+    # unknown (null or empty) comms become NULL_COMM, the last vocabulary entry
+    comm_bytes = [b or NULL_COMM.encode() for b in comm_bytes] + [NULL_COMM.encode()]
+    comm_codes = np.where(comm_codes < 0, len(comm_vocab), comm_codes)
     ret_col = trace.table["ret"].combine_chunks()
     has_ret = ret_col.is_valid().to_numpy(zero_copy_only=False)
     ret = ret_col.fill_null(0).to_numpy().astype(np.int64)

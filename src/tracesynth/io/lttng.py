@@ -11,7 +11,8 @@ Columns:
   other events stay null (irq_handler_exit's `ret` is an IRQ status, not a syscall result). In a
   trace written by tracesynth (env `tracesynth = 1`) `ret` is read on every event that has it.
 - `tid` / `comm`: when events carry LTTng context fields (`lttng add-context -t tid -t procname`),
-  those are used as they are (tid -1 and procname "" mean unknown in tracesynth-written traces).
+  those are used as they are (tid -1 and procname "<unknown>" mean unknown in tracesynth-written
+  traces; an empty procname means unknown in any trace).
   Otherwise they are derived per CPU from the scheduler, as Trace Compass does: after a CPU's
   `sched_switch`, its events belong to `next_tid`/`next_comm` until the next switch. The
   `sched_switch` row itself is attributed to the task switching *out* (`prev_tid`/`prev_comm`),
@@ -34,6 +35,7 @@ import pyarrow as pa
 
 from tracesynth.errors import TraceSynthError
 from tracesynth.io.babeltrace import Field, ctf_metadata, iter_ctf_batches
+from tracesynth.io.ctf_writer import NULL_COMM
 from tracesynth.trace import SCHEMA, Trace
 
 SYSCALL_EXITS = ("syscall_exit_*", "compat_syscall_exit_*")
@@ -64,19 +66,20 @@ def _merged_metadata(dirs: list[Path]) -> dict[str, Any]:
 class _Vocab:
     """A growing string vocabulary: batch dictionaries map onto stable global codes."""
 
-    def __init__(self) -> None:
+    def __init__(self, nulls: frozenset[str] = frozenset()) -> None:
         self.index: dict[str, int] = {}
         self.values: list[str] = []
+        self.nulls = nulls  # strings that mean "unknown"
 
-    def codes(self, arr: pa.Array, empty_is_null: bool = False) -> np.ndarray:
-        """int32 global codes of a dictionary/string array; null (and "" if asked) -> -1."""
+    def codes(self, arr: pa.Array) -> np.ndarray:
+        """int32 global codes of a dictionary/string array; null and the `nulls` strings -> -1."""
         arr = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
-        local = np.array([self._code(v, empty_is_null) for v in arr.dictionary.to_pylist()] + [-1], dtype=np.int32)
+        local = np.array([self._code(v) for v in arr.dictionary.to_pylist()] + [-1], dtype=np.int32)
         idx = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         return local[idx]
 
-    def _code(self, v: str | None, empty_is_null: bool) -> int:
-        if v is None or (empty_is_null and v == ""):
+    def _code(self, v: str | None) -> int:
+        if v is None or v in self.nulls:
             return -1
         code = self.index.get(v)
         if code is None:
@@ -184,7 +187,8 @@ def read_lttng(path: str | Path) -> Trace:
             Field("name", kind="str", scope="payload", events=(STATEDUMP_PROCESS,), column="sd_name"),
         ]
 
-    comms = _Vocab()
+    # tracesynth writes unknown comms as NULL_COMM; an empty procname means unknown everywhere
+    comms = _Vocab(frozenset({"", NULL_COMM}) if ours else frozenset({""}))
     state = _SchedState()
     parts: dict[str, list[Any]] = {k: [] for k in ("ts", "event", "cpu", "tid", "comm", "ret")}
     for batch in iter_ctf_batches(path, fields):
@@ -203,7 +207,7 @@ def read_lttng(path: str | Path) -> Trace:
             tid = _ints(batch["ctx_tid"])
             tid[tid < 0] = -1
         if has_ctx_comm:
-            comm = comms.codes(batch["ctx_comm"], empty_is_null=True)
+            comm = comms.codes(batch["ctx_comm"])
         if not (has_ctx_tid and has_ctx_comm):
             d_tid, d_comm = state.derive(cpu, is_switch, prev, nxt)
             if not has_ctx_tid:
