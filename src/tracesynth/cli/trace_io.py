@@ -2,12 +2,55 @@
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tracesynth.cli.app import app, console
+from tracesynth.errors import TraceSynthError
 from tracesynth.io import FORMATS, read_trace
+from tracesynth.trace import Trace
+
+EXPORT_FORMATS = ("ctf", "parquet")
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A live count of events read while a CTF trace streams through babeltrace2."""
+    from tracesynth.io.babeltrace import progress_callback
+
+    with Progress(
+        SpinnerColumn(), TextColumn("reading {task.description}"), TextColumn("{task.completed:,} events"),
+        TimeElapsedColumn(), console=console, transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task(str(path), total=None)
+        token = progress_callback.set(lambda n: bar.advance(task, n))
+        try:
+            yield
+        finally:
+            progress_callback.reset(token)
+
+
+def _read(path: Path, format: str | None) -> Trace:
+    if format is not None and format not in FORMATS:
+        raise TraceSynthError(f"unknown format {format!r} (choose from {', '.join(FORMATS)})")
+    with _reading(path):
+        trace = read_trace(path, format)
+    if len(trace) == 0:
+        raise TraceSynthError("the trace holds no events", path)
+    return trace
+
+
+def _describe(trace: Trace) -> str:
+    s = trace.summary()
+    return (
+        f"{s['events']:,} events, {s['event_types']} event types, {s['duration_s']:.3f} s, "
+        f"{len(s['cpus'])} CPUs, {s['threads']} threads"
+    )
 
 
 @app.command()
@@ -18,12 +61,53 @@ def ingest(
     workload: str = typer.Option(None, "--workload", help="Workload name stored in the trace metadata."),
 ) -> None:
     """Read a real trace into the Trace table (Parquet)."""
-    trace = read_trace(path, format)
+    trace = _read(path, format)
     if workload:
         trace.metadata["workload"] = workload
     trace.save(output)
-    s = trace.summary()
-    console.print(
-        f"{path} -> {output}: {s['events']:,} events, {s['event_types']} event types, "
-        f"{s['duration_s']:.3f} s, {len(s['cpus'])} CPUs, {s['threads']} threads"
-    )
+    console.print(f"{path} -> {output}: {_describe(trace)}", soft_wrap=True)
+
+
+@app.command()
+def export(
+    trace_path: Path = typer.Argument(..., help="Trace to export (Parquet, or any readable format)."),
+    output: Path = typer.Argument(..., help="Output: a directory for CTF, a file for Parquet."),
+    to: str = typer.Option("ctf", "--to", help=f"Output format: {', '.join(EXPORT_FORMATS)}."),
+    format: str = typer.Option(None, "--format", help="Force the input format (default: detect)."),
+) -> None:
+    """Write a trace as LTTng-style CTF (babeltrace2 / Trace Compass open it) or as Parquet."""
+    if to not in EXPORT_FORMATS:
+        raise TraceSynthError(f"unknown export format {to!r} (choose from {', '.join(EXPORT_FORMATS)})")
+    trace = _read(trace_path, format)
+    if to == "parquet":
+        trace.save(output)
+    else:
+        from tracesynth.io.ctf_writer import write_ctf
+
+        with Progress(
+            TextColumn("writing CTF"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True,
+        ) as bar:  # fmt: skip
+            task = bar.add_task("write", total=len(trace))
+            write_ctf(trace, output, on_progress=lambda n: bar.advance(task, n))
+    console.print(f"{trace_path} -> {output} ({to}): {_describe(trace)}", soft_wrap=True)
+
+
+@app.command()
+def anonymize(
+    trace_path: Path = typer.Argument(..., help="Trace to anonymise (Parquet, or any readable format)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Parquet file to write."),
+    salt: str = typer.Option(
+        None, "--salt", envvar="TRACESYNTH_SALT", help="Secret salt for comm hashes (same salt = same labels)."
+    ),
+    format: str = typer.Option(None, "--format", help="Force the input format (default: detect)."),
+) -> None:
+    """Hash command names, relabel thread ids and drop paths/hosts from metadata, for sharing."""
+    from tracesynth.anonymize import anonymize as anonymize_trace
+
+    trace = _read(trace_path, format)
+    if not salt:
+        salt = secrets.token_hex(16)
+        console.print("no --salt given: using a random one (labels will differ from other runs)", soft_wrap=True)
+    anonymize_trace(trace, salt).save(output)
+    console.print(f"{trace_path} -> {output} (anonymised): {_describe(trace)}", soft_wrap=True)

@@ -153,7 +153,14 @@ def _root_cause(stderr: str) -> str:
         tail = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
         return tail[-1] if tail else "babeltrace2 failed without a message"
     msgs = [re.sub(r"\s*[\w-]+-addr=0x[0-9a-fA-F]+,?", "", m).rstrip(", ") for m in msgs]
-    useful = [m for m in msgs if m and not m.startswith(("Cannot create", "Graph failed", "Cannot run", "Failed to"))]
+    generic = (
+        "Cannot create component",
+        "Component initialization",
+        "Graph failed",
+        "Cannot run",
+        "Command-line error",
+    )
+    useful = [m for m in msgs if m and not m.startswith(generic)]
     return (useful or msgs)[-1].rstrip(".:")
 
 
@@ -163,7 +170,9 @@ def run_babeltrace2(args: Sequence[str], path: str | Path, timeout: float | None
         [babeltrace2_binary(), *args], capture_output=True, text=True, errors="replace", timeout=timeout
     )
     if proc.returncode != 0:
-        raise TraceSynthError(f"babeltrace2 cannot read this trace: {_root_cause(proc.stderr)}", path)
+        raise TraceSynthError(
+            f"babeltrace2 cannot read this trace (truncated or corrupt?): {_root_cause(proc.stderr)}", path
+        )
     return proc.stdout
 
 
@@ -397,7 +406,7 @@ def iter_ctf_batches(
             if rc != 0:
                 err.seek(0)
                 msg = _root_cause(err.read().decode("utf-8", "replace"))
-                raise TraceSynthError(f"babeltrace2 cannot read this trace: {msg}", path)
+                raise TraceSynthError(f"babeltrace2 cannot read this trace (truncated or corrupt?): {msg}", path)
         finally:
             stop.set()
             if proc.poll() is None:
