@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
@@ -31,6 +32,14 @@ def small_trace(n: int = 400) -> Trace:
 def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     with safe_open(str(path), "pt") as f:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors on a shared CPU
+    yield
+    torch.set_num_threads(n)
 
 
 def test_torchrun_two_cpu_processes_save_the_same_format(tmp_path: Path) -> None:
