@@ -1,0 +1,559 @@
+"""perf readers: `perf script` text, perf.data (through `perf script`) and perf CTF.
+
+All three produce the Trace table with the LTTng event vocabulary:
+
+    raw_syscalls:sys_enter (NR n)   -> syscall_entry_<name of n>    (tracesynth.io.syscalls table)
+    raw_syscalls:sys_exit  (NR n)   -> syscall_exit_<name of n>, ret from "= r"
+    syscalls:sys_enter_X / _exit_X  -> syscall_entry_X / syscall_exit_X (ret from the hex value)
+    sub:name                        -> name when it already starts with "sub_" (sched:sched_switch ->
+                                       sched_switch), else sub_name (irq:softirq_entry ->
+                                       irq_softirq_entry, timer:hrtimer_start -> timer_hrtimer_start),
+                                       which is how lttng-modules names the same tracepoints.
+
+`tid`, `comm` and `cpu` are perf's own per-sample fields (the thread that was running).
+
+The text parser is the hot path: the input is streamed in large blocks, each block is split into
+lines with numpy, and every field is located and decoded with whole-array byte operations (no
+Python loop per line). Lines it cannot parse (call-chain frames, headers, garbage) are counted and
+skipped with one warning; a file with no event at all is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracesynth.errors import TraceSynthError
+from tracesynth.io.syscalls import lookup_numbers
+from tracesynth.trace import SCHEMA, Trace
+
+BLOCK_BYTES = 16 << 20
+# The fields read_perf_data asks `perf script` for; read_perf_script also accepts perf's default
+# layout (optionally with pid/tid and a sample period before the event name).
+PERF_SCRIPT_FIELDS = "trace:comm,tid,cpu,time,event,trace"
+PERF_CLOCK = "perf_clock"  # perf's default sample clock (the kernel's local_clock, ns since boot)
+
+_SP, _LB, _RB, _COLON, _DOT, _SLASH, _MINUS, _NL = (ord(c) for c in " []:./-\n")
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_PAD = 512
+
+
+class PerfInstallError(TraceSynthError):
+    """perf is missing or cannot trace."""
+
+
+def perf_binary() -> str:
+    """Path of the perf tool, or a TraceSynthError saying what to install."""
+    exe = shutil.which("perf")
+    if exe is None:
+        raise PerfInstallError("perf is not installed: apt-get install linux-perf")
+    return exe
+
+
+# -- event names ----------------------------------------------------------------------------------
+def canonical_event(raw: str) -> str:
+    """perf tracepoint name -> LTTng-style name (raw_syscalls are resolved per row elsewhere)."""
+    sub, _, name = raw.partition(":")
+    if not name:
+        return raw
+    if sub == "syscalls":
+        if name.startswith("sys_enter_"):
+            return "syscall_entry_" + name[len("sys_enter_") :]
+        if name.startswith("sys_exit_"):
+            return "syscall_exit_" + name[len("sys_exit_") :]
+    sub = _LTTNG_SUBSYSTEM.get(sub, sub)
+    return name if name.startswith(sub + "_") else f"{sub}_{name}"
+
+
+# Subsystems lttng-modules names differently from perf.
+_LTTNG_SUBSYSTEM = {"exceptions": "x86_exceptions"}
+
+
+class _Vocab:
+    """A growing string -> code map shared by all blocks of one read."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.codes: dict[str, int] = {}
+
+    def code(self, name: str) -> int:
+        c = self.codes.get(name)
+        if c is None:
+            c = self.codes[name] = len(self.names)
+            self.names.append(name)
+        return c
+
+    def map(self, names: Iterable[str]) -> np.ndarray:
+        return np.array([self.code(n) for n in names], dtype=np.int32)
+
+
+# -- vectorised byte helpers ------------------------------------------------------------------------
+def _first_at_or_after(positions: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For each start, the first position >= start in the sorted array (a sentinel past the end)."""
+    return positions[np.minimum(np.searchsorted(positions, start), len(positions) - 1)]
+
+
+def _positions(buf: np.ndarray, char: int) -> np.ndarray:
+    """Sorted positions of `char` in the text part of a padded block, plus a sentinel past its end."""
+    text = buf[: len(buf) - _PAD]
+    pos = np.flatnonzero(text == char)
+    return np.append(pos, len(text))  # "not found" lands past every line end, inside the padding
+
+
+def _skip(buf: np.ndarray, pos: np.ndarray, step: int, want_space: bool, limit: int) -> np.ndarray:
+    """Move pos by `step` while buf[pos] is (not) a space, at most `limit` steps."""
+    pos = pos.copy()
+    for _ in range(limit):
+        c = buf[pos]
+        move = (c == _SP) if want_space else (c != _SP)
+        if not move.any():
+            break
+        pos += step * move
+    return pos
+
+
+def _digits_back(buf: np.ndarray, last: np.ndarray, limit: int = 12) -> np.ndarray:
+    """First index of the run of ASCII digits that ends at `last` (inclusive)."""
+    first = last.copy()
+    active = np.ones(len(last), dtype=bool)
+    for _ in range(limit):
+        c = buf[first - 1]
+        active &= (c >= 48) & (c <= 57)
+        if not active.any():
+            break
+        first -= active
+    return first
+
+
+def _parse_uint(buf: np.ndarray, start: np.ndarray, end: np.ndarray, limit: int = 19) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal digits buf[start:end] -> (int64 values, ok mask); ok is False for empty/non-digit/too long."""
+    n = end - start
+    ok = (n > 0) & (n <= limit)
+    val = np.zeros(len(start), dtype=np.int64)
+    top = int(n.max(initial=0))
+    for k in range(min(top, limit)):
+        live = k < n
+        d = buf[np.minimum(start + k, len(buf) - 1)].astype(np.int64) - 48
+        ok &= ~live | ((d >= 0) & (d <= 9))
+        val = np.where(live, val * 10 + d, val)
+    return val, ok
+
+
+def _digits_forward(buf: np.ndarray, start: np.ndarray, limit: int = 20) -> np.ndarray:
+    """End (exclusive) of the run of ASCII digits that starts at `start`."""
+    end = start.copy()
+    active = np.ones(len(start), dtype=bool)
+    top = len(buf) - 1
+    for _ in range(limit):
+        c = buf[np.minimum(end, top)]
+        active &= (c >= 48) & (c <= 57) & (end < top)
+        if not active.any():
+            break
+        end += active
+    return end
+
+
+def _parse_hex(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hex digits buf[start:end] (no 0x) -> (int64 two's complement values, ok mask)."""
+    n = end - start
+    ok = (n > 0) & (n <= 16)
+    val = np.zeros(len(start), dtype=np.uint64)
+    for k in range(int(n.max(initial=0)) if len(n) else 0):
+        if k >= 16:
+            break
+        live = k < n
+        c = buf[np.minimum(start + k, len(buf) - 1)].astype(np.int64)
+        d = np.where(c <= 57, c - 48, (c | 32) - 87)
+        ok &= ~live | ((d >= 0) & (d <= 15))
+        val = np.where(live, (val << np.uint64(4)) | d.astype(np.uint64), val)
+    return val.view(np.int64), ok
+
+
+def _strings(data: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> pa.DictionaryArray:
+    """Dictionary-encode the byte ranges buf[start:end] (gathered into one contiguous buffer)."""
+    lens = (end - start).astype(np.int64)
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    idx = np.repeat(start.astype(np.int64) - offsets[:-1], lens) + np.arange(offsets[-1], dtype=np.int64)
+    arr = pa.LargeStringArray.from_buffers(len(lens), pa.py_buffer(offsets), pa.py_buffer(buf[idx].tobytes()))
+    return pc.dictionary_encode(arr)
+
+
+# -- the block parser ---------------------------------------------------------------------------------
+class _Block:
+    """Columns of one parsed block, with event/comm codes into the reader's vocabularies."""
+
+    __slots__ = ("ts", "event", "cpu", "tid", "comm", "ret", "has_ret")
+
+    def __init__(self, ts, event, cpu, tid, comm, ret, has_ret):  # noqa: ANN001
+        self.ts, self.event, self.cpu, self.tid, self.comm, self.ret, self.has_ret = (
+            ts,
+            event,
+            cpu,
+            tid,
+            comm,
+            ret,
+            has_ret,
+        )
+
+
+def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | None, int]:
+    """Parse whole lines of perf script text; returns (columns, number of lines skipped)."""
+    # Zero padding lets every field scan read past a malformed line's end without bounds checks.
+    buf = np.frombuffer(data + bytes(_PAD), dtype=np.uint8)
+    nl = np.flatnonzero(buf[: len(data)] == _NL)
+    if len(nl) == 0:
+        return None, 0
+    starts = np.empty(len(nl), dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = nl[:-1] + 1
+    ends = nl.astype(np.int64)
+    # Drop blank lines and comment/header lines before locating fields.
+    first = _skip(buf, starts, 1, True, 64)
+    keep = (first < ends) & (buf[np.minimum(first, len(buf) - 1)] != ord("#"))
+    starts, ends, first = starts[keep], ends[keep], first[keep]
+    if len(starts) == 0:
+        return None, 0
+    colons = _positions(buf, _COLON)
+    # [cpu]: the first '[' of the line, then ']'.
+    lb = _first_at_or_after(_positions(buf, _LB), first)
+    rb = _first_at_or_after(_positions(buf, _RB), lb)
+    ok = (lb < ends) & (rb < ends) & (lb > first)
+    lb = np.where(ok, lb, first + 1)
+    rb = np.where(ok, rb, lb + 1)
+    cpu, ok_c = _parse_uint(buf, lb + 1, rb, 6)
+    ok &= ok_c
+    # tid just before '[', optional "pid/" before it, comm before that.
+    tid_last = _skip(buf, lb - 1, -1, True, 16)
+    tid_first = _digits_back(buf, tid_last, 12)
+    tid, ok_t = _parse_uint(buf, tid_first, tid_last + 1, 12)
+    ok &= ok_t
+    has_pid = buf[tid_first - 1] == _SLASH
+    pid_first = np.where(has_pid, _digits_back(buf, tid_first - 2, 12), tid_first)
+    comm_last = _skip(buf, pid_first - 1, -1, True, 16)
+    ok &= (comm_last >= first) & (pid_first > first)
+    # time "sec.frac:" after "] ".
+    t0 = _skip(buf, rb + 1, 1, True, 16)
+    tcolon = _first_at_or_after(colons, t0)
+    dot = _first_at_or_after(_positions(buf, _DOT), t0)
+    ok &= (dot < tcolon) & (tcolon < ends)
+    sec, ok_s = _parse_uint(buf, t0, dot, 12)
+    frac, ok_f = _parse_uint(buf, dot + 1, tcolon, 9)
+    ok &= ok_s & ok_f
+    flen = np.clip(tcolon - dot - 1, 0, 9)
+    ts = sec * 1_000_000_000 + frac * _POW10[9 - flen]
+    # event "sub:name:" after the time (a sample period may stand before it).
+    e0 = _skip(buf, tcolon + 1, 1, True, 32)
+    c0 = buf[np.minimum(e0, len(buf) - 1)]
+    period = (c0 >= 48) & (c0 <= 57)
+    if period.any():
+        after = _skip(buf, _skip(buf, e0, 1, False, 24), 1, True, 32)
+        e0 = np.where(period, after, e0)
+    sep = _first_at_or_after(colons, e0)
+    e1 = colons[np.minimum(np.searchsorted(colons, sep + 1), len(colons) - 1)]
+    ok &= (sep < ends) & (e1 <= ends) & (e1 > sep + 1) & (sep > e0)
+    skipped = int((~ok).sum())  # blank and comment lines are not counted
+    if not ok.all():
+        sel = np.flatnonzero(ok)
+        starts, ends, first, lb, cpu, tid, pid_first, comm_last = (
+            a[sel] for a in (starts, ends, first, lb, cpu, tid, pid_first, comm_last)
+        )
+        ts, e0, e1 = ts[sel], e0[sel], e1[sel]
+    n = len(starts)
+    if n == 0:
+        return None, skipped
+    ev_raw = _strings(data, buf, e0, e1)
+    comm_raw = _strings(data, buf, first, comm_last + 1)
+    comm = comms.map(comm_raw.dictionary.to_pylist())[comm_raw.indices.to_numpy()]
+    raw_names = ev_raw.dictionary.to_pylist()
+    raw_codes = ev_raw.indices.to_numpy()
+    event = events.map(canonical_event(r) for r in raw_names)[raw_codes]
+    ret = np.zeros(n, dtype=np.int64)
+    has_ret = np.zeros(n, dtype=bool)
+    p0 = e1 + 2  # payload start after "event: "
+    for k, raw in enumerate(raw_names):
+        rows = np.flatnonzero(raw_codes == k)
+        if raw in ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit"):
+            # "NR 12 (args)" / "NR 12 = ret"
+            s = p0[rows] + 3
+            neg = buf[s] == _MINUS  # "NR -1": the kernel lost the number (restarted call): unknown
+            e = _digits_forward(buf, s + neg, 6)
+            nr, ok_nr = _parse_uint(buf, s + neg, e, 6)
+            nr = np.where(ok_nr & ~neg, nr, -1)
+            codes, names = lookup_numbers(nr)
+            prefix = "syscall_entry_" if raw.endswith("enter") else "syscall_exit_"
+            event[rows] = events.map(prefix + nm for nm in names)[codes]
+            if raw.endswith("exit"):
+                r0 = e + 3  # " = "
+                minus = buf[np.minimum(r0, len(buf) - 1)] == _MINUS
+                r0 = r0 + minus
+                val, ok_r = _parse_uint(buf, r0, ends[rows], 19)
+                ret[rows] = np.where(minus, -val, val)
+                has_ret[rows] = ok_r
+        elif raw.startswith("syscalls:sys_exit_"):
+            # "0x<hex>" (the return value as an unsigned long)
+            s = p0[rows] + 2
+            val, ok_r = _parse_hex(buf, s, ends[rows])
+            ret[rows] = val
+            has_ret[rows] = ok_r
+    return _Block(ts, event, cpu.astype(np.int32), tid, comm, ret, has_ret), skipped
+
+
+def _iter_blocks(stream: IO[bytes], block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """Whole-line blocks of about block_bytes from a binary stream."""
+    rest = b""
+    while True:
+        chunk = stream.read(block_bytes)
+        if not chunk:
+            break
+        data = rest + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            continue
+        rest = data[cut + 1 :]
+        yield data[: cut + 1]
+    if rest.strip():
+        yield rest + b"\n"
+
+
+def _assemble(blocks: list[_Block], events: _Vocab, comms: _Vocab, metadata: dict[str, Any]) -> Trace:
+    def cat(name: str, dtype: Any) -> np.ndarray:
+        return np.concatenate([getattr(b, name) for b in blocks]) if blocks else np.zeros(0, dtype=dtype)
+
+    ts = cat("ts", np.int64)
+    order = None
+    if len(ts) > 1 and (np.diff(ts) < 0).any():
+        order = np.argsort(ts, kind="stable")  # perf sorts by time; tolerate text that was not
+    cols = {
+        "ts": ts,
+        "event": cat("event", np.int32),
+        "cpu": cat("cpu", np.int32),
+        "tid": cat("tid", np.int64),
+        "comm": cat("comm", np.int32),
+        "ret": cat("ret", np.int64),
+    }
+    has_ret = cat("has_ret", bool)
+    if order is not None:
+        cols = {k: v[order] for k, v in cols.items()}
+        has_ret = has_ret[order]
+    table = pa.table(
+        [
+            pa.array(cols["ts"], pa.int64()),
+            pa.DictionaryArray.from_arrays(pa.array(cols["event"], pa.int32()), pa.array(events.names, pa.string())),
+            pa.array(cols["cpu"], pa.int32()),
+            pa.array(cols["tid"], pa.int64()),
+            pa.DictionaryArray.from_arrays(pa.array(cols["comm"], pa.int32()), pa.array(comms.names, pa.string())),
+            pa.array(cols["ret"], pa.int64(), mask=~has_ret),
+        ],
+        schema=SCHEMA,
+    )
+    return Trace(table, metadata)
+
+
+def parse_perf_script_stream(
+    stream: IO[bytes], source: str | Path, metadata: dict[str, Any] | None = None, block_bytes: int = BLOCK_BYTES
+) -> Trace:
+    """Parse `perf script` text from a binary stream, block by block (memory ~ one block + the table)."""
+    events, comms = _Vocab(), _Vocab()
+    blocks: list[_Block] = []
+    skipped = 0
+    for data in _iter_blocks(stream, block_bytes):
+        block, bad = _parse_block(data, events, comms)
+        skipped += bad
+        if block is not None:
+            blocks.append(block)
+    n = sum(len(b.ts) for b in blocks)
+    if n == 0:
+        what = f"{skipped} unparseable line(s)" if skipped else "no lines"
+        raise TraceSynthError(
+            f"no perf script events found ({what}; expected 'comm tid [cpu] time: event: ...')", source
+        )
+    if skipped:
+        warnings.warn(f"{source}: skipped {skipped} line(s) that are not perf script events", stacklevel=2)
+    meta = {"source_format": "perf-script", "clock": PERF_CLOCK}
+    meta.update(metadata or {})
+    return _assemble(blocks, events, comms, meta)
+
+
+def read_perf_script(path: str | Path, block_bytes: int = BLOCK_BYTES) -> Trace:
+    """Read text printed by `perf script` (tracepoints; the default or PERF_SCRIPT_FIELDS layout)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            return parse_perf_script_stream(f, path, {"source": path.name}, block_bytes)
+    except OSError as exc:
+        raise TraceSynthError(f"cannot read ({exc.strerror})", path) from None
+
+
+def perf_script_command(perf_data: str | Path) -> list[str]:
+    """The `perf script` command line whose output read_perf_data parses."""
+    return [perf_binary(), "script", "-i", str(perf_data), "-F", PERF_SCRIPT_FIELDS, "--ns"]
+
+
+def read_perf_data(path: str | Path, metadata: dict[str, Any] | None = None) -> Trace:
+    """Decode a perf.data file by streaming `perf script` output through the text parser."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceSynthError("no such file", path)
+    cmd = perf_script_command(path)
+    env = dict(os.environ, LC_ALL="C")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            trace = parse_perf_script_stream(proc.stdout, path, {"source": path.name, "source_format": "perf-data"})
+        except TraceSynthError:
+            err = proc.stderr.read().decode(errors="replace")
+            proc.wait()
+            detail = _perf_error_line(err)
+            if proc.returncode and detail:
+                raise TraceSynthError(f"perf script failed: {detail}", path) from None
+            raise
+        err = proc.stderr.read().decode(errors="replace")
+        if proc.wait() != 0:
+            raise TraceSynthError(f"perf script failed: {_perf_error_line(err) or proc.returncode}", path)
+    trace.metadata.update(metadata or {})
+    return trace
+
+
+def _perf_error_line(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and "not valid for" not in ln]
+    return lines[-1] if lines else ""
+
+
+# -- perf CTF -------------------------------------------------------------------------------------
+_SIDEBAND = ("perf_comm", "perf_fork")
+
+
+def _ctf_fields() -> list:
+    from tracesynth.io.babeltrace import Field
+
+    return [
+        Field("perf_tid", events=("*:*",), scope="payload"),
+        Field("id", events=("raw_syscalls:*",), scope="payload", column="nr"),
+        Field("ret", events=("raw_syscalls:sys_exit", "syscalls:sys_exit_*"), scope="payload"),
+        Field("tid", events=_SIDEBAND, scope="payload", column="sb_tid"),
+        Field("ptid", events=("perf_fork",), scope="payload", column="sb_ptid"),
+        Field("comm", kind="str", events=("perf_comm",), scope="payload", column="sb_comm"),
+    ]
+
+
+def _comm_from_sideband(
+    ts: np.ndarray, tid: np.ndarray, sb: list[tuple[int, str, int, int, str | None]], comms: _Vocab
+) -> np.ndarray:
+    """Per-sample comm codes (-1: unknown) from perf's COMM/FORK side-band events, as perf's thread map does.
+
+    A COMM event names a thread from its time on; a FORK event gives the child its parent's current
+    name. Side-band events are few (one per exec/thread), so they are walked in Python; samples are
+    then assigned per thread with one searchsorted.
+    """
+    current: dict[int, int] = {}
+    history: dict[int, tuple[list[int], list[int]]] = {}
+    for t, kind, child, parent, name in sb:  # time order
+        if kind == "perf_comm":
+            code = comms.code(name or "")
+        else:
+            code = current.get(parent, -1)
+        current[child] = code
+        times, codes = history.setdefault(child, ([], []))
+        times.append(t)
+        codes.append(code)
+    out = np.full(len(ts), -1, dtype=np.int32)
+    if not history:
+        return out
+    order = np.argsort(tid, kind="stable")
+    sorted_tid = tid[order]
+    bounds = np.flatnonzero(np.diff(sorted_tid)) + 1
+    for rows in np.split(order, bounds):
+        if len(rows) == 0:
+            continue
+        h = history.get(int(tid[rows[0]]))
+        if h is None:
+            continue
+        times, codes = np.asarray(h[0], dtype=np.int64), np.asarray(h[1], dtype=np.int32)
+        k = np.searchsorted(times, ts[rows], side="right") - 1
+        out[rows] = np.where(k >= 0, codes[np.maximum(k, 0)], -1)
+    return out
+
+
+def read_perf_ctf(path: str | Path) -> Trace:
+    """Read a CTF directory written by `perf data convert --to-ctf` (through babeltrace2).
+
+    Samples carry perf_tid and the packet's cpu_id; `comm` comes from the side-band COMM/FORK
+    events, which perf writes only with `perf data convert --to-ctf DIR --all` (without them comm
+    stays null, with a warning).
+    """
+    from tracesynth.io.babeltrace import iter_ctf_batches
+
+    path = Path(path)
+    events, comms = _Vocab(), _Vocab()
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "event", "cpu", "tid", "ret", "has_ret")}
+    sideband: list[tuple[int, str, int, int, str | None]] = []
+    for batch in iter_ctf_batches(path, _ctf_fields()):
+        if batch.num_rows == 0:
+            continue
+        ev = batch["event"]
+        names = ev.dictionary.to_pylist()
+        codes = ev.indices.to_numpy(zero_copy_only=False)
+        ts = batch["ts"].to_numpy(zero_copy_only=False)
+        is_sample = np.array([":" in n for n in names], dtype=bool)[codes]
+        is_sb = np.array([n in _SIDEBAND for n in names], dtype=bool)[codes]
+        if is_sb.any():
+            rows = np.flatnonzero(is_sb)
+            sb_tid = batch["sb_tid"].to_numpy(zero_copy_only=False)
+            sb_ptid = batch["sb_ptid"].fill_null(-1).to_numpy(zero_copy_only=False)
+            sb_comm = batch["sb_comm"].cast(pa.string()).to_pylist()
+            for r in rows:
+                sideband.append((int(ts[r]), names[codes[r]], int(sb_tid[r]), int(sb_ptid[r]), sb_comm[r]))
+        rows = np.flatnonzero(is_sample)
+        if len(rows) == 0:
+            continue
+        codes = codes[rows]
+        event = events.map(canonical_event(n) for n in names)[codes]
+        nr = batch["nr"].fill_null(-1).to_numpy(zero_copy_only=False)[rows]
+        for k, raw in enumerate(names):
+            if raw in ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit"):
+                sel = np.flatnonzero(codes == k)
+                sc, sn = lookup_numbers(nr[sel])
+                prefix = "syscall_entry_" if raw.endswith("enter") else "syscall_exit_"
+                event[sel] = events.map(prefix + n for n in sn)[sc]
+        ret = batch["ret"].take(pa.array(rows))
+        cols["ts"].append(ts[rows])
+        cols["event"].append(event)
+        cols["cpu"].append(batch["cpu"].fill_null(-1).to_numpy(zero_copy_only=False)[rows].astype(np.int32))
+        cols["tid"].append(batch["perf_tid"].fill_null(-1).to_numpy(zero_copy_only=False)[rows])
+        cols["ret"].append(ret.fill_null(0).to_numpy(zero_copy_only=False))
+        cols["has_ret"].append(~ret.is_null().to_numpy(zero_copy_only=False))
+    if not cols["ts"]:
+        raise TraceSynthError("no perf samples in this CTF trace", path)
+    ts = np.concatenate(cols["ts"])
+    tid = np.concatenate(cols["tid"])
+    if not sideband:
+        warnings.warn(f"{path}: no perf_comm events (convert with `--all`); comm left empty", stacklevel=2)
+    comm = _comm_from_sideband(ts, tid, sideband, comms)
+    cpu = np.concatenate(cols["cpu"])
+    table = pa.table(
+        [
+            pa.array(ts, pa.int64()),
+            pa.DictionaryArray.from_arrays(
+                pa.array(np.concatenate(cols["event"]), pa.int32()), pa.array(events.names, pa.string())
+            ),
+            pa.array(cpu, pa.int32(), mask=cpu < 0),
+            pa.array(tid, pa.int64(), mask=tid < 0),
+            pa.DictionaryArray.from_arrays(
+                pa.array(comm, pa.int32(), mask=comm < 0), pa.array(comms.names, pa.string())
+            ),
+            pa.array(np.concatenate(cols["ret"]), pa.int64(), mask=~np.concatenate(cols["has_ret"])),
+        ],
+        schema=SCHEMA,
+    )
+    return Trace(table, {"source_format": "perf-ctf", "source": path.name, "clock": PERF_CLOCK})
