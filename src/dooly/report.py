@@ -90,7 +90,7 @@ def savings_from_db(db: str | Path) -> list[dict[str, Any]]:
         con.close()
     per_model: dict[str, set[str]] = {}
     for model, text in traces:
-        keys = per_model.setdefault(model, set())
+        keys = per_model.setdefault(model.split("@")[0], set())  # the profiler keys traces as name@config-hash
         for rec in json.loads(text).get("records", []):
             k = rec.get("sig") if isinstance(rec, dict) else None
             if k:

@@ -109,7 +109,7 @@ class HFExecutor:
         return cache
 
     # -- one iteration ----------------------------------------------------------------------------
-    @torch.inference_mode()
+    @torch.no_grad()  # as the engine (and generate()) runs, so the kernels are the profiled ones
     def run(self, batch: ScheduledBatch) -> None:
         for req, n in batch.prefill:
             self._prefill(req, n)

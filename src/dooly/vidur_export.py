@@ -126,15 +126,17 @@ def export_vidur(
     model: str,
     db: str | Path,
     out_dir: str | Path,
-    config: Mapping[str, Any],
     num_tokens: list[int] | None = None,
     decode_batches: list[int] | None = None,
     kv_sizes: list[int] | None = None,
     block_size: int = 16,
     max_model_len: int = 4096,
+    dtype: str = "bfloat16",
+    threads: int | None = None,
 ) -> tuple[Path, Path]:
     """Write ``out_dir/mlp.csv`` and ``out_dir/attention.csv`` for `model` from the profiles in `db`."""
-    from dooly.signature import ModelTrace
+    from dooly.engines import get_engine
+    from dooly.profiler import context_for, default_threads, model_traces, resolve_model
     from dooly.store import ProfileStore
 
     num_tokens = num_tokens or [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
@@ -143,20 +145,11 @@ def export_vidur(
     db = Path(db)
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database")
+    engine = get_engine(dtype=dtype)
+    name, config = resolve_model(model)
     with ProfileStore(db) as store:
-        traces = {}
-        for ctx in store.contexts():
-            for phase in ("prefill", "decode"):
-                text = store.get_trace(ctx.engine, model, phase) or store.get_trace(
-                    f"{ctx.engine}/{ctx.hardware.split('/')[0]}", model, phase
-                )
-                if text:
-                    traces[phase] = ModelTrace.from_json(text, source=str(db))
-            if len(traces) == 2:
-                points = store.all_points(ctx)
-                break
-        else:
-            raise DoolyError(f"{db}: no prefill and decode traces of {model!r} (trace and profile it first)")
+        traces = model_traces(name, config, engine, store)
+        points = store.all_points(context_for(engine, threads if threads is not None else default_threads()))
     lat = _Latency(points)
     layers = sorted({r.layer for r in traces["prefill"].records if r.layer is not None})
     layer = layers[0] if layers else None

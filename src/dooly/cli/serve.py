@@ -33,22 +33,14 @@ def _sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int
     )
 
 
-def load_latency_model(model: str, db: Path):
-    """The profile DB's iteration-latency predictor for `model` (see dooly.predictor)."""
-    from dooly import predictor as P
+def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: int | None = None):
+    """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings)."""
+    from dooly.engines import get_engine
+    from dooly.predictor import Predictor
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
-    loader = getattr(P, "load_predictor", None)
-    if loader is not None:
-        return loader(model, db)
-    cls = getattr(P, "Predictor", None)
-    if cls is None:
-        raise DoolyError("dooly.predictor has no Predictor yet: cannot simulate from profiles")
-    for name in ("from_db", "load", "open"):
-        if hasattr(cls, name):
-            return getattr(cls, name)(db, model)
-    return cls(db, model)
+    return Predictor.for_model(model, db, get_engine(dtype=dtype), threads=threads)
 
 
 SIM_HELP = "Workload: a CSV/JSONL trace or a generator spec such as poisson:n=64,rate=2,prompt=32-256,output=16"
@@ -69,17 +61,18 @@ def simulate(
     slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="SLO on p90 TTFT, seconds."),
     slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="SLO on p90 TPOT, seconds."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write per-request (or sweep) CSV here."),
+    dtype: str = typer.Option("bfloat16", help="Engine dtype the model was profiled with."),
 ) -> None:
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
+    from dooly.report import save_result
     from dooly.simulator import parse_workload
     from dooly.simulator import simulate as run_sim
     from dooly.simulator.search import SLO, best, config_grid
     from dooly.simulator.search import sweep as run_sweep
 
     w = parse_workload(workload)
-    latency = load_latency_model(model, db)
+    latency = load_latency_model(model, db, dtype)
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
-    from dooly.report import save_result
 
     res = run_sim(w, latency, cfg, num_replicas=replicas)
     payload = {"kind": "simulation", "model": model, "workload": workload, "config": cfg.label(),
@@ -162,14 +155,12 @@ def print_summary(s, title: str) -> None:
 def resolve_config(model: str) -> dict:
     """A model's config dict: a JSON file, a directory with config.json, or a zoo name."""
     try:
-        from dooly import zoo
-
-        for name in ("load_config", "get_config", "config"):
-            fn = getattr(zoo, name, None)
-            if callable(fn) and not Path(model).exists():
-                return dict(fn(model))
-    except ImportError:
-        pass
+        from dooly.zoo import load_config
+    except ImportError:  # the zoo module is optional here: fall back to reading the file ourselves
+        load_config = None
+    if load_config is not None:
+        found = load_config(model)
+        return dict(getattr(found, "config", found))
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
@@ -194,7 +185,7 @@ def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype
     from dooly.simulator import simulate as run_sim
 
     w = parse_workload(workload)
-    latency = CachedLatency(load_latency_model(model, db))
+    latency = CachedLatency(load_latency_model(model, db, dtype, threads))
     engine = HFEagerEngine(device="cpu", dtype=dtype)
     hf_model = engine.build_model(resolve_config(model))
     with Progress(console=Console(stderr=True), transient=True) as bar:
@@ -241,12 +232,16 @@ def validate_serving(
     chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens."),
     kv_blocks: int = typer.Option(4096, help="KV-cache blocks."),
-    threads: int = typer.Option(1, help="torch threads for the real engine (match the profiling run)."),
+    threads: int = typer.Option(
+        None, help="torch threads for the real engine (default: DOOLY_THREADS or 1, as the profiler)."
+    ),
     dtype: str = typer.Option("bfloat16", help="Engine dtype (match the profiling run)."),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
+    from dooly.profiler import default_threads
     from dooly.report import save_result
 
+    threads = threads if threads is not None else default_threads()
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
     payload = run_validation(model, db, workload, cfg, threads, dtype)
     print_validation(payload)
@@ -259,11 +254,12 @@ def export_vidur_cmd(
     model: str = typer.Argument(..., help="Model name (zoo) or config path, as traced and profiled."),
     db: Path = typer.Option(..., "--db", help="Profile database (SQLite)."),
     output: Path = typer.Option(..., "-o", "--output", help="Directory for mlp.csv and attention.csv."),
+    dtype: str = typer.Option("bfloat16", help="Engine dtype the model was profiled with."),
 ) -> None:
     """Write MODEL's profiles as Vidur profiling CSVs (data/profiling/compute/<device>/<model>/)."""
     from dooly.vidur_export import export_vidur
 
-    mlp, attn = export_vidur(model, db, output, resolve_config(model))
+    mlp, attn = export_vidur(model, db, output, dtype=dtype)
     out.print(f"wrote {mlp} and {attn}")
 
 
