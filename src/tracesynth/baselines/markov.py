@@ -1,0 +1,286 @@
+"""Order-k Markov chain over event types: the simple generator a user would try first.
+
+- event type: order-k chain with back-off to shorter contexts (down to the unigram) when a context
+  was only ever seen at the end of a trace;
+- dt (gap to the previous event): drawn from the empirical gaps observed for the same
+  (previous event, event) transition, falling back to the event type's gaps, then to all gaps;
+- cpu / tid / comm: with the probability observed for that event type the row stays on the previous
+  row's (cpu, thread), otherwise it is drawn from that event type's empirical (cpu, thread) mix;
+  thread ids are relabelled 1..N at fit time so no real thread id reaches a synthetic trace;
+- ret: drawn from the event type's empirical return values (null where the type never returns one).
+
+Saved as JSON (config, vocabularies) + safetensors (tables); no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from safetensors.numpy import load_file, save_file
+
+from tracesynth.atomic import atomic_path
+from tracesynth.errors import TraceSynthError
+from tracesynth.trace import Trace
+
+_MAX_SAMPLES = 512  # empirical values kept per key (dt per transition, ret per type): bounds the model size
+
+
+def _subsample(keys: np.ndarray, values: np.ndarray, cap: int, rng: np.random.Generator) -> tuple:
+    """Group values by key, keeping at most `cap` random values per key; returns (ukeys, offsets, flat values)."""
+    order = np.lexsort((rng.random(len(keys)), keys))  # random order inside each key
+    k, v = keys[order], values[order]
+    ukeys, start, counts = np.unique(k, return_index=True, return_counts=True)
+    rank = np.arange(len(k)) - np.repeat(start, counts)
+    keep = rank < cap
+    k, v = k[keep], v[keep]
+    ukeys, counts = np.unique(k, return_counts=True)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return ukeys, offsets, v
+
+
+def _draw_grouped(
+    query: np.ndarray, ukeys: np.ndarray, offsets: np.ndarray, values: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each query key draw one stored value uniformly; returns (values, found mask)."""
+    if len(ukeys) == 0:
+        return np.zeros(len(query), dtype=values.dtype), np.zeros(len(query), dtype=bool)
+    pos = np.clip(np.searchsorted(ukeys, query), 0, len(ukeys) - 1)
+    found = ukeys[pos] == query
+    lo, hi = offsets[pos], offsets[pos + 1]
+    idx = lo + np.floor(rng.random(len(query)) * np.maximum(hi - lo, 1)).astype(np.int64)
+    out = values[np.minimum(idx, len(values) - 1)]
+    return out, found
+
+
+class MarkovChain:
+    """Order-k Markov chain over event types with empirical dt per transition (Generator protocol)."""
+
+    name = "markov"
+
+    def __init__(self, order: int = 4):
+        if order < 1:
+            raise TraceSynthError(f"Markov order must be >= 1, got {order}")
+        self.order = int(order)
+        self.name = f"markov{self.order}"
+        self._fitted = False
+
+    # -- fitting --------------------------------------------------------------------------------
+    def fit(self, traces: Sequence[Trace]) -> MarkovChain:
+        traces = [t for t in traces if len(t) > 0]
+        if not traces:
+            raise TraceSynthError("Markov chain: nothing to fit (no events)")
+        rng = np.random.default_rng(0)
+        vocab: list[str] = sorted({v for t in traces for v in t.codes("event")[1]})
+        index = {v: i for i, v in enumerate(vocab)}
+        comms: list[str] = sorted({v for t in traces for v in t.codes("comm")[1]})
+        comm_index = {v: i for i, v in enumerate(comms)}
+        self.vocab, self.comms = vocab, comms
+        V = len(vocab)
+        self._base = V + 1  # context digits: 0 = "before the start", 1..V = event code + 1
+        if self._base**self.order >= 2**62:
+            raise TraceSynthError(f"Markov order {self.order} too high for {V} event types")
+
+        ev_all, prev_all, dt_all, key_all, thread_all, ret_all, same_all = [], [], [], [], [], [], []
+        ctx_keys: list[list[np.ndarray]] = [[] for _ in range(self.order + 1)]
+        ctx_next: list[list[np.ndarray]] = [[] for _ in range(self.order + 1)]
+        tid_map: dict[int, int] = {}
+        for t in traces:
+            codes, voc = t.codes("event")
+            ev = np.asarray([index[v] for v in voc], dtype=np.int64)[codes]
+            n = len(ev)
+            # context of order j for position i: events i-j..i-1 as base-(V+1) digits (0 pads the start)
+            padded = np.concatenate([np.zeros(self.order, dtype=np.int64), ev + 1])
+            for j in range(self.order + 1):
+                key = np.zeros(n, dtype=np.int64)
+                for d in range(j, 0, -1):  # oldest digit first: the most recent event is the lowest digit
+                    key = key * self._base + padded[self.order - d : self.order - d + n]
+                ctx_keys[j].append(key)
+                ctx_next[j].append(ev)
+            ts = t.ts
+            dt = np.diff(ts, prepend=ts[0]).astype(np.int64)
+            prev = np.concatenate([[-1], ev[:-1]])
+            ev_all.append(ev)
+            prev_all.append(prev)
+            dt_all.append(dt[1:] if n > 1 else dt[:0])
+            key_all.append((prev * V + ev)[1:])
+            cpu = t.numeric("cpu")
+            tid_raw = t.numeric("tid")
+            for x in np.unique(tid_raw):  # relabel threads 1..N (by id, across traces): no real id leaks
+                if x >= 0 and int(x) not in tid_map:
+                    tid_map[int(x)] = len(tid_map) + 1
+            tid = np.full(n, -1, dtype=np.int64)
+            if tid_map:
+                lut_keys = np.asarray(sorted(tid_map), dtype=np.int64)
+                lut_vals = np.asarray([tid_map[int(k)] for k in lut_keys], dtype=np.int64)
+                pos = np.clip(np.searchsorted(lut_keys, tid_raw), 0, len(lut_keys) - 1)
+                tid = np.where(tid_raw >= 0, lut_vals[pos], -1)
+            ccodes, cvoc = t.codes("comm")
+            cmap = np.asarray([comm_index[v] for v in cvoc] + [-1], dtype=np.int64)
+            comm = cmap[ccodes] if len(cvoc) else np.full(n, -1, dtype=np.int64)
+            thread = np.stack([cpu, tid, comm], axis=1)
+            thread_all.append(thread)
+            same = np.concatenate([[False], np.all(thread[1:] == thread[:-1], axis=1)])
+            same_all.append(same)
+            ret_all.append(t.numeric("ret", fill=np.iinfo(np.int64).min))
+
+        ev = np.concatenate(ev_all)
+        self._unigram = np.bincount(ev, minlength=V).astype(np.float64)
+        # transition tables, one per order: (context key, next event) -> count
+        self._tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for j in range(self.order + 1):
+            keys = np.concatenate(ctx_keys[j])
+            nxt = np.concatenate(ctx_next[j])
+            pair, counts = np.unique(keys * V + nxt, return_counts=True)
+            self._tables.append((pair // V, pair % V, counts.astype(np.int64)))
+        # dt per (prev, next) transition and per event type
+        dts = np.concatenate(dt_all)
+        keys = np.concatenate(key_all)
+        self._dt_pair = _subsample(keys, dts, _MAX_SAMPLES, rng)
+        ev_after = np.concatenate([e[1:] for e in ev_all])
+        self._dt_event = _subsample(ev_after, dts, _MAX_SAMPLES, rng)
+        self._dt_any = dts[rng.permutation(len(dts))[: _MAX_SAMPLES * 4]] if len(dts) else np.zeros(1, np.int64)
+        # threads
+        thread = np.concatenate(thread_all)
+        same = np.concatenate(same_all)
+        self._p_same = np.bincount(ev, weights=same, minlength=V) / np.maximum(np.bincount(ev, minlength=V), 1)
+        uthreads, tinv = np.unique(thread, axis=0, return_inverse=True)
+        self._threads = uthreads.astype(np.int64)
+        self._thread_by_event = _subsample(ev, tinv.reshape(-1).astype(np.int64), _MAX_SAMPLES * 4, rng)
+        # return values (sentinel = null)
+        ret = np.concatenate(ret_all)
+        self._ret = _subsample(ev, ret, _MAX_SAMPLES, rng)
+        self._build_samplers()
+        self._fitted = True
+        return self
+
+    def _build_samplers(self) -> None:
+        """Per-order dict: context key -> (next events, cumulative probabilities)."""
+        self._samplers: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
+        for ctx, nxt, cnt in self._tables:
+            d: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+            if len(ctx):
+                bounds = np.flatnonzero(np.diff(ctx)) + 1
+                starts = np.concatenate([[0], bounds])
+                ends = np.concatenate([bounds, [len(ctx)]])
+                for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+                    c = np.cumsum(cnt[a:b]).astype(np.float64)
+                    d[int(ctx[a])] = (nxt[a:b], c / c[-1])
+            self._samplers.append(d)
+
+    # -- sampling -------------------------------------------------------------------------------
+    def sample(self, n_events: int, seed: int = 0, repair: Any = None) -> Trace:
+        """Generate n_events events; repair (constraint Rules) is applied afterwards when given."""
+        if not self._fitted:
+            raise TraceSynthError("Markov chain: sample() before fit()/load()")
+        rng = np.random.default_rng(seed)
+        base, k = self._base, self.order
+        mod = base**k
+        ev = np.empty(n_events, dtype=np.int64)
+        u = rng.random(n_events)
+        samplers = self._samplers
+        divisors = [base ** (k - j) for j in range(k + 1)]  # key of order j = full key % base**j
+        key = 0  # the start of a trace: all-zero context
+        uni = np.cumsum(self._unigram) / self._unigram.sum()
+        # sequential by nature: each event depends on the previous k (one dict lookup per event)
+        for i in range(n_events):
+            nxt = None
+            for j in range(k, -1, -1):
+                s = samplers[j].get(key % (mod // divisors[j]) if j < k else key)
+                if s is not None:
+                    nxt = s
+                    break
+            if nxt is None:
+                e = int(np.searchsorted(uni, u[i], side="right"))
+            else:
+                e = int(nxt[0][min(int(np.searchsorted(nxt[1], u[i], side="right")), len(nxt[0]) - 1)])
+            ev[i] = e
+            key = (key * base + e + 1) % mod
+        trace = self._decorate(ev, rng)
+        if repair is not None:
+            from tracesynth.constraints import repair_trace
+
+            trace, _ = repair_trace(trace, repair, seed=seed)
+        return trace
+
+    def _decorate(self, ev: np.ndarray, rng: np.random.Generator) -> Trace:
+        """dt, cpu/tid/comm and ret for a sampled event sequence (vectorised)."""
+        n, V = len(ev), len(self.vocab)
+        prev = np.concatenate([[-1], ev[:-1]])
+        dt, found = _draw_grouped(prev * V + ev, *self._dt_pair, rng)
+        dt_e, found_e = _draw_grouped(ev, *self._dt_event, rng)
+        dt = np.where(found, dt, np.where(found_e, dt_e, self._dt_any[rng.integers(0, len(self._dt_any), n)]))
+        if n:
+            dt[0] = 0
+        ts = np.cumsum(np.maximum(dt, 0))
+        # threads: keep the previous row's (cpu, thread) or draw a fresh one from this event type's mix
+        fresh_idx, _ = _draw_grouped(ev, *self._thread_by_event, rng)
+        keep = rng.random(n) < self._p_same[ev]
+        if n:
+            keep[0] = False
+        pos = np.where(keep, 0, np.arange(n))
+        pos = np.maximum.accumulate(pos)
+        thread = self._threads[fresh_idx[pos]] if len(self._threads) else np.full((n, 3), -1)
+        ret, found_r = _draw_grouped(ev, *self._ret, rng)
+        null = np.iinfo(np.int64).min
+        cpu, tid, comm = thread[:, 0], thread[:, 1], thread[:, 2]
+        return Trace.from_columns(
+            ts=ts.astype(np.int64),
+            event=pa.DictionaryArray.from_arrays(pa.array(ev.astype(np.int32)), pa.array(self.vocab, pa.string())),
+            cpu=pa.array(cpu.astype(np.int32), mask=cpu < 0),
+            tid=pa.array(tid, mask=tid < 0),
+            comm=pa.DictionaryArray.from_arrays(
+                pa.array(comm.astype(np.int32), mask=comm < 0), pa.array(self.comms or [""], pa.string())
+            ),
+            ret=pa.array(ret, mask=~found_r | (ret == null)),
+            metadata={"generator": self.name, "synthetic": True},
+        )
+
+    # -- storage --------------------------------------------------------------------------------
+    def _arrays(self) -> dict[str, np.ndarray]:
+        arrays: dict[str, np.ndarray] = {"unigram": self._unigram, "p_same": self._p_same, "threads": self._threads}
+        for j, (c, nx, cnt) in enumerate(self._tables):
+            arrays[f"t{j}_ctx"], arrays[f"t{j}_next"], arrays[f"t{j}_count"] = c, nx, cnt
+        for name in ("dt_pair", "dt_event", "thread_by_event", "ret"):
+            uk, off, vals = getattr(self, f"_{name}")
+            arrays[f"{name}_keys"], arrays[f"{name}_off"], arrays[f"{name}_vals"] = uk, off, vals
+        arrays["dt_any"] = self._dt_any
+        return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+
+    def save(self, directory: str | Path) -> Path:
+        if not self._fitted:
+            raise TraceSynthError("Markov chain: save() before fit()")
+        directory = Path(directory)
+        with atomic_path(directory, directory=True) as tmp:
+            meta = {"kind": "markov", "order": self.order, "vocab": self.vocab, "comms": self.comms}
+            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
+            save_file(self._arrays(), str(tmp / "tables.safetensors"))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> MarkovChain:
+        directory = Path(directory)
+        try:
+            meta = json.loads((directory / "config.json").read_text())
+            arrays = load_file(str(directory / "tables.safetensors"))
+        except (OSError, ValueError) as exc:
+            raise TraceSynthError(f"not a saved Markov chain ({exc})", directory) from None
+        if meta.get("kind") != "markov":
+            raise TraceSynthError("not a saved Markov chain (config.json kind is not 'markov')", directory)
+        self = cls(int(meta["order"]))
+        self.vocab, self.comms = list(meta["vocab"]), list(meta["comms"])
+        self._base = len(self.vocab) + 1
+        self._unigram, self._p_same, self._threads = arrays["unigram"], arrays["p_same"], arrays["threads"]
+        self._tables = [
+            (arrays[f"t{j}_ctx"], arrays[f"t{j}_next"], arrays[f"t{j}_count"]) for j in range(self.order + 1)
+        ]
+        for name in ("dt_pair", "dt_event", "thread_by_event", "ret"):
+            setattr(self, f"_{name}", (arrays[f"{name}_keys"], arrays[f"{name}_off"], arrays[f"{name}_vals"]))
+        self._dt_any = arrays["dt_any"]
+        self._build_samplers()
+        self._fitted = True
+        return self

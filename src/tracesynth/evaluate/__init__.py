@@ -1,0 +1,1 @@
+"""Evaluation harness: splits and windows, the shared classifier, downstream tasks, metrics, experiments."""

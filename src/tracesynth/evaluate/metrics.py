@@ -1,0 +1,233 @@
+"""Fidelity and privacy metrics between a real trace and a synthetic one (all vectorised).
+
+- event-type and n-gram Jensen-Shannon divergence (base 2: 0 = same distribution, 1 = disjoint);
+- per-event-type dt Wasserstein distance on log10(1 + dt/ns) (scale-free, so workloads compare);
+- syscall latency (entry to the next exit on the same thread) distributions, same distance;
+- constraint violation rate (tracesynth.constraints.check_trace, when that module is present);
+- memorisation: the longest run of event types shared exactly with the training data, and the share
+  of synthetic windows that copy a training window event for event.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+from scipy.stats import wasserstein_distance
+
+from tracesynth.trace import Trace
+
+
+def jsd(p: np.ndarray, q: np.ndarray) -> float:
+    """Jensen-Shannon divergence (base 2) of two count/probability vectors on the same support."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    if p.sum() <= 0 or q.sum() <= 0:
+        return float("nan")
+    p, q = p / p.sum(), q / q.sum()
+    m = 0.5 * (p + q)
+
+    def kl(a: np.ndarray) -> float:
+        nz = a > 0
+        return float(np.sum(a[nz] * np.log2(a[nz] / m[nz])))
+
+    return float(np.clip(0.5 * kl(p) + 0.5 * kl(q), 0.0, 1.0))
+
+
+def _event_strings(trace: Trace) -> tuple[np.ndarray, list[str]]:
+    return trace.codes("event")
+
+
+def _joint_codes(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Event codes of both traces in one shared vocabulary."""
+    ca, va = _event_strings(a)
+    cb, vb = _event_strings(b)
+    names = sorted(set(va) | set(vb))
+    idx = {n: i for i, n in enumerate(names)}
+    la = np.asarray([idx[v] for v in va], dtype=np.int64)
+    lb = np.asarray([idx[v] for v in vb], dtype=np.int64)
+    return (la[ca] if len(ca) else ca.astype(np.int64)), (lb[cb] if len(cb) else cb.astype(np.int64)), names
+
+
+def ngram_counts(codes: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unique n-gram keys (base-`base` digits) and their counts."""
+    if len(codes) < n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    key = np.zeros(len(codes) - n + 1, dtype=np.int64)
+    for j in range(n):
+        key = key * base + codes[j : len(codes) - n + 1 + j]
+    return np.unique(key, return_counts=True)
+
+
+def ngram_jsd(real: Trace, synth: Trace, n: int = 1) -> float:
+    """JSD between the n-gram distributions of event types (n=1: the event-type distribution)."""
+    a, b, names = _joint_codes(real, synth)
+    ka, ca = ngram_counts(a, n, len(names))
+    kb, cb = ngram_counts(b, n, len(names))
+    keys = np.union1d(ka, kb)
+    p = np.zeros(len(keys))
+    q = np.zeros(len(keys))
+    p[np.searchsorted(keys, ka)] = ca
+    q[np.searchsorted(keys, kb)] = cb
+    return jsd(p, q)
+
+
+def log_dt(trace: Trace) -> np.ndarray:
+    ts = trace.ts
+    if not len(ts):
+        return np.zeros(0)
+    return np.log10(1.0 + np.diff(ts, prepend=ts[0]).astype(np.float64))
+
+
+def dt_wasserstein(real: Trace, synth: Trace, min_count: int = 20) -> dict[str, Any]:
+    """Per-event-type Wasserstein distance between log10(1+dt) distributions; mean weighted by real frequency."""
+    ra, sa, names = _joint_codes(real, synth)
+    rdt, sdt = log_dt(real), log_dt(synth)
+    per: dict[str, float] = {}
+    weights: dict[str, int] = {}
+    r_order, s_order = np.argsort(ra, kind="stable"), np.argsort(sa, kind="stable")
+    r_bounds = np.searchsorted(ra[r_order], np.arange(len(names) + 1))
+    s_bounds = np.searchsorted(sa[s_order], np.arange(len(names) + 1))
+    for i, name in enumerate(names):
+        r = rdt[r_order[r_bounds[i] : r_bounds[i + 1]]]
+        s = sdt[s_order[s_bounds[i] : s_bounds[i + 1]]]
+        if len(r) >= min_count and len(s) >= min_count:
+            per[name] = float(wasserstein_distance(r, s))
+            weights[name] = len(r)
+    total = sum(weights.values())
+    mean = sum(per[k] * weights[k] for k in per) / total if total else float("nan")
+    return {"mean": mean, "per_event": per, "all": float(wasserstein_distance(rdt, sdt)) if len(sdt) else float("nan")}
+
+
+_ENTRY = re.compile(r"(syscall_entry_|sys_enter_|sys_enter|syscalls:sys_enter_)")
+_EXIT = re.compile(r"(syscall_exit_|sys_exit_|sys_exit|syscalls:sys_exit_)")
+
+
+def syscall_latencies(trace: Trace) -> dict[str, np.ndarray]:
+    """Syscall name -> latencies (ns): each entry paired with the next event on the same thread if it is the exit."""
+    codes, voc = trace.codes("event")
+    if not len(codes) or not voc:
+        return {}
+    kind = np.zeros(len(voc), dtype=np.int8)  # 1 entry, 2 exit
+    name = []
+    for i, v in enumerate(voc):
+        if _ENTRY.search(v):
+            kind[i] = 1
+            name.append(_ENTRY.sub("", v))
+        elif _EXIT.search(v):
+            kind[i] = 2
+            name.append(_EXIT.sub("", v))
+        else:
+            name.append("")
+    tid = trace.numeric("tid")
+    ts = trace.ts
+    order = np.lexsort((np.arange(len(ts)), tid))  # by thread, then time order
+    c, t, s = codes[order], tid[order], ts[order]
+    k = kind[c]
+    pair = (k[:-1] == 1) & (k[1:] == 2) & (t[:-1] == t[1:]) & (t[:-1] >= 0)
+    names = np.asarray(name, dtype=object)
+    same = names[c[:-1]] == names[c[1:]]
+    pair &= same
+    idx = np.flatnonzero(pair)
+    lat = (s[idx + 1] - s[idx]).astype(np.int64)
+    who = c[idx]
+    out: dict[str, np.ndarray] = {}
+    for code in np.unique(who):
+        out[str(names[code])] = lat[who == code]
+    return out
+
+
+def latency_wasserstein(real: Trace, synth: Trace, min_count: int = 20) -> dict[str, Any]:
+    """Per-syscall Wasserstein distance on log10(1 + latency/ns), mean weighted by real count."""
+    lr, ls = syscall_latencies(real), syscall_latencies(synth)
+    per = {}
+    w = {}
+    for k, r in lr.items():
+        s = ls.get(k)
+        if s is not None and len(r) >= min_count and len(s) >= min_count:
+            per[k] = float(wasserstein_distance(np.log10(1 + r), np.log10(1 + s)))
+            w[k] = len(r)
+    total = sum(w.values())
+    mean = sum(per[k] * w[k] for k in per) / total if total else float("nan")
+    n_real = sum(len(v) for v in lr.values())
+    n_synth = sum(len(v) for v in ls.values())
+    return {"mean": mean, "per_syscall": per, "pairs_real": n_real, "pairs_synth": n_synth}
+
+
+def violation_rate(trace: Trace, rules: Any) -> float | None:
+    """Share of events that break a mined rule (None when no rules or no constraints module)."""
+    if rules is None:
+        return None
+    try:
+        from tracesynth.constraints import check_trace
+    except ImportError:
+        return None
+    return float(check_trace(trace, rules).rate)
+
+
+# -- memorisation ---------------------------------------------------------------------------------
+# Rolling hash of every run of `length` codes, fully vectorised: P[i] = sum_{j<i} x[j] B^j (mod 2**64,
+# numpy's uint64 wrap-around); run(i, L) = (P[i+L] - P[i]) * B^-i. B is odd, so B^-1 exists mod 2**64.
+_B = 1_000_003
+_B_INV = pow(_B, -1, 2**64)
+
+
+def _prefix_hash(codes: np.ndarray) -> np.ndarray:
+    x = codes.astype(np.uint64) + np.uint64(1)
+    j = np.arange(len(x), dtype=np.uint64)
+    h = np.zeros(len(x) + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h[1:] = np.cumsum(x * np.power(np.uint64(_B), j), dtype=np.uint64)
+    return h
+
+
+def _gram_hashes(codes: np.ndarray, length: int, h: np.ndarray | None = None) -> np.ndarray:
+    """Hash of every run of `length` consecutive codes."""
+    if len(codes) < length or length <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    h = _prefix_hash(codes) if h is None else h
+    i = np.arange(len(codes) - length + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return (h[length:] - h[: len(h) - length]) * np.power(np.uint64(_B_INV), i)
+
+
+def longest_shared_run(synth: np.ndarray, train: np.ndarray, cap: int = 100_000) -> int:
+    """Length of the longest run of event codes that occurs exactly in both sequences (binary search on hashes)."""
+    hs, ht = _prefix_hash(synth), _prefix_hash(train)
+
+    def shared(length: int) -> bool:
+        return bool(np.isin(_gram_hashes(synth, length, hs), _gram_hashes(train, length, ht)).any())
+
+    lo, hi = 0, min(len(synth), len(train), cap)
+    while lo < hi:  # invariant: a run of lo is shared; find the largest
+        mid = (lo + hi + 1) // 2
+        if shared(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def copied_window_share(synth: np.ndarray, train: np.ndarray, window: int = 128) -> float:
+    """Share of synthetic windows (every position) whose `window` event types appear verbatim in training."""
+    gs = _gram_hashes(synth, window)
+    if not len(gs):
+        return float("nan")
+    return float(np.isin(gs, _gram_hashes(train, window)).mean())
+
+
+def memorisation(synth: Trace, train: Trace, window: int = 128) -> dict[str, float]:
+    a, b, _ = _joint_codes(synth, train)
+    return {"longest_shared_run": longest_shared_run(a, b), "copied_window_share": copied_window_share(a, b, window)}
+
+
+def fidelity(real: Trace, synth: Trace) -> dict[str, float]:
+    """The headline fidelity numbers in one flat dict (lower is better for all)."""
+    return {
+        "jsd_event": ngram_jsd(real, synth, 1),
+        "jsd_2gram": ngram_jsd(real, synth, 2),
+        "jsd_3gram": ngram_jsd(real, synth, 3),
+        "dt_wasserstein": dt_wasserstein(real, synth)["mean"],
+        "latency_wasserstein": latency_wasserstein(real, synth)["mean"],
+    }
