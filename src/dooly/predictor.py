@@ -14,12 +14,15 @@ prediction is a handful of vectorised gathers rather than a Python loop over ope
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from dooly.batch import Batch
 from dooly.errors import DoolyError
 
 
@@ -143,3 +146,287 @@ def holdout_errors(
             model = SignatureModel(symbols, train, method)
             errs.extend(abs(model(p) - t) / t for p, t in test)
     return errs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Framework overhead: what a real forward costs beyond the sum of its operators
+# ---------------------------------------------------------------------------------------------------------
+
+
+def overhead_features(n_records: int, values: Mapping[str, int]) -> np.ndarray:
+    """Features of the per-iteration framework overhead (Python modules, dispatch, allocator).
+
+    The engine pays a roughly fixed host cost per operator call, plus a part that grows with the batch (mask
+    and position bookkeeping); the forward is also scaled by how the model's memory traffic interferes, which
+    the multiplicative term on the operator sum captures.
+    """
+    return np.array([1.0, float(n_records), float(n_records) * math.log2(1 + values.get("requests", 1))])
+
+
+@dataclass
+class OverheadModel:
+    """``real = alpha * sum(ops) + w . features`` fitted with non-negative least squares per phase."""
+
+    coef: dict[str, np.ndarray] = field(default_factory=dict)  # phase -> [alpha, w...]
+    n_fit: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, phase: str, ops_sum: float, n_records: int, values: Mapping[str, int]) -> float:
+        c = self.coef.get(phase)
+        if c is None:
+            return ops_sum
+        return float(c[0] * ops_sum + c[1:] @ overhead_features(n_records, values))
+
+    @classmethod
+    def fit(cls, rows: Sequence[tuple[str, float, int, Mapping[str, int], float]]) -> OverheadModel:
+        """Rows: (phase, predicted op sum, records in the pass, request values, measured forward seconds)."""
+        from scipy.optimize import nnls
+
+        out = cls()
+        for phase in ("prefill", "decode"):
+            sel = [r for r in rows if r[0] == phase]
+            if not sel:
+                continue
+            # relative least squares (divide by the measurement) so short and long passes weigh alike
+            A = np.array([[ops, *overhead_features(n, v)] for _, ops, n, v, _ in sel])
+            y = np.array([m for *_, m in sel])
+            coef, _ = nnls(A / y[:, None], np.ones(len(y)))
+            if coef[0] == 0.0:
+                coef[0] = 1.0
+            out.coef[phase] = coef
+            out.n_fit[phase] = len(sel)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The predictor of one model
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Predictor:
+    """Latency of one model's forward passes and engine iterations, from the profile DB.
+
+    ``Predictor.for_model("SmolLM2-135M", "profiles.db").iteration_latency(Batch(...))`` -> seconds.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        traces: Mapping[str, object],
+        points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]],
+        method: str = "interp",
+        overhead: OverheadModel | None = None,
+    ) -> None:
+        self.name = name
+        self.traces = dict(traces)
+        self.method = method
+        self.overhead = overhead or OverheadModel()
+        self.n_records: dict[str, int] = {}
+        # per phase: the signatures with their multiplicities, grouped by symbol set into stacked tables
+        self._groups: dict[str, list[tuple[GridTable, np.ndarray]]] = {}
+        self._forests: dict[str, list[tuple[SignatureModel, int]]] = {}
+        self.missing: dict[str, list[str]] = {}
+        for phase, tr in self.traces.items():
+            uniq = tr.unique()  # type: ignore[attr-defined]
+            self.n_records[phase] = len(tr.records)  # type: ignore[attr-defined]
+            self.missing[phase] = [str(s) for s in uniq if not points.get(s.key)]
+            by_syms: dict[tuple, list] = {}
+            for s, mult in uniq.items():
+                pts = points.get(s.key)
+                if not pts:
+                    continue
+                syms = tuple(sorted(s.symbols()))
+                if method == "forest":
+                    self._forests.setdefault(phase, []).append((SignatureModel(syms, pts, "forest"), mult))
+                    continue
+                axes, arr = _build_grid(pts, syms)
+                gkey = (syms, tuple(tuple(a) for a in axes))
+                by_syms.setdefault(gkey, []).append((s.key, arr, mult))
+            groups = []
+            for (syms, axes), members in by_syms.items():
+                g = GridTable(syms, tuple(np.array(a) for a in axes), [k for k, _, _ in members])
+                g.table = np.stack([a for _, a, _ in members])
+                groups.append((g, np.array([m for *_, m in members], dtype=np.float64)))
+            self._groups[phase] = groups
+        self._memo: dict[object, float] = {}
+
+    # -- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def for_model(
+        cls,
+        model: str | Mapping[str, object],
+        db_path: str | Path,
+        engine: object | None = None,
+        *,
+        threads: int | None = None,
+        method: str = "auto",
+        strict: bool = True,
+    ) -> Predictor:
+        """A predictor for ``model`` (zoo name, config path or dict) from the profile DB at ``db_path``.
+
+        ``method``: ``interp``, ``forest`` or ``auto`` (whichever had the lower held-out error on this DB).
+        ``strict``: refuse when a signature of the model has no profile (else it counts as zero).
+        """
+        from dooly.engines import get_engine
+        from dooly.profiler import context_for, default_threads, model_traces, resolve_model
+        from dooly.store import ProfileStore
+
+        if not Path(db_path).exists():
+            raise DoolyError(f"{db_path}: no such profile database (run `dooly profile` first)")
+        engine = engine or get_engine()
+        threads = threads if threads is not None else default_threads()
+        name, cfg = resolve_model(model)  # type: ignore[arg-type]
+        with ProfileStore(db_path) as store:
+            ctx = context_for(engine, threads)  # type: ignore[arg-type]
+            traces = model_traces(name, cfg, engine, store)  # type: ignore[arg-type]
+            raw = store.all_points(ctx)
+            pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
+            if method == "auto":
+                method = choose_method(pts)
+            pred = cls(name, traces, pts, method)
+            if strict and any(pred.missing.values()):
+                miss = sum(len(v) for v in pred.missing.values())
+                raise DoolyError(
+                    f"{db_path}: {miss} signatures of {name} have no profile for {ctx.hardware} "
+                    f"(run `dooly profile {name} --db {db_path}`)"
+                )
+            pred.overhead = fit_overhead(store, ctx, engine, pts, method)
+        return pred
+
+    # -- prediction ---------------------------------------------------------------------------------------
+    def ops_latency(self, phase: str, values: Mapping[str, int]) -> float:
+        """Sum over the pass's operators (with multiplicities) at the given request values."""
+        total = 0.0
+        for g, mult in self._groups.get(phase, []):
+            total += float(np.exp(g.predict_log(values)) @ mult)
+        for model, mult in self._forests.get(phase, []):
+            total += model(values) * mult
+        return total
+
+    def forward_latency(self, phase: str, values: Mapping[str, int]) -> float:
+        """One engine forward pass: operators plus the fitted framework overhead."""
+        key = (phase, tuple(sorted(values.items())))
+        hit = self._memo.get(key)
+        if hit is None:
+            ops = self.ops_latency(phase, values)
+            hit = self._memo[key] = self.overhead(phase, ops, self.n_records.get(phase, 0), values)
+        return hit
+
+    def iteration_latency(self, batch: Batch) -> float:
+        """Seconds for one engine iteration, as the HF eager engine runs it (see :mod:`dooly.serving`):
+        each prefill chunk is a forward of batch 1 over its new tokens; all decodes are one forward of batch
+        B over KV padded to the longest. A chunk's cached prefix is not modelled beyond its new tokens (the
+        traces have no phase with both new and cached tokens yet)."""
+        total = 0.0
+        for new, _cached in batch.prefill:
+            total += self.forward_latency("prefill", {"requests": 1, "tokens": new})
+        if batch.decode:
+            total += self.forward_latency("decode", {"requests": len(batch.decode), "kv_len": max(batch.decode)})
+        return total
+
+
+def choose_method(points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]], sample: int = 40) -> str:
+    """``interp`` or ``forest``, whichever has the lower held-out MAPE on (a sample of) the DB's signatures."""
+    errs = method_errors(points, sample)
+    if not errs["interp"] or not errs["forest"]:
+        return "interp"
+    return "interp" if np.mean(errs["interp"]) <= np.mean(errs["forest"]) else "forest"
+
+
+def method_errors(
+    points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]], sample: int = 40
+) -> dict[str, list[float]]:
+    """Held-out relative errors of both estimators over up to ``sample`` multi-point signatures."""
+    keys = sorted(k for k, v in points.items() if len(v) >= 3)
+    rng = np.random.default_rng(0)
+    if len(keys) > sample:
+        keys = list(rng.choice(keys, size=sample, replace=False))
+    out: dict[str, list[float]] = {"interp": [], "forest": []}
+    for k in keys:
+        syms = tuple(sorted(points[k][0][0]))
+        for meth in out:
+            out[meth].extend(holdout_errors(syms, points[k], meth))
+    return out
+
+
+def fit_overhead(store, ctx, engine, pts, method) -> OverheadModel:  # type: ignore[no-untyped-def]
+    """Fit the framework overhead from every real forward stored under ``ctx`` (any model with traces)."""
+    from dooly.profiler import model_traces, resolve_model
+
+    rows = []
+    by_model: dict[str, Predictor] = {}
+    for model, phase, values, m in store.forwards(ctx):
+        if model not in by_model:
+            cfg_json = store.get_trace("config", model, "config")
+            if cfg_json is None:
+                continue
+            name, cfg = resolve_model(json.loads(cfg_json))
+            by_model[model] = Predictor(model, model_traces(model, cfg, engine, store), pts, method)
+        p = by_model[model]
+        rows.append((phase, p.ops_latency(phase, values), p.n_records[phase], values, m.median_s))
+    return OverheadModel.fit(rows) if rows else OverheadModel()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation against real forwards
+# ---------------------------------------------------------------------------------------------------------
+
+#: Held-out shapes: on neither the profiling grid nor the calibration shapes.
+VALIDATION_SHAPES: dict[str, list[dict[str, int]]] = {
+    "prefill": [
+        {"requests": 1, "tokens": 24},
+        {"requests": 1, "tokens": 48},
+        {"requests": 1, "tokens": 96},
+        {"requests": 1, "tokens": 200},
+        {"requests": 3, "tokens": 40},
+    ],
+    "decode": [
+        {"requests": 1, "kv_len": 40},
+        {"requests": 3, "kv_len": 100},
+        {"requests": 6, "kv_len": 300},
+        {"requests": 12, "kv_len": 700},
+        {"requests": 24, "kv_len": 150},
+    ],
+}
+
+
+@dataclass
+class ValidationRow:
+    phase: str
+    values: dict[str, int]
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+
+def validate_model(
+    predictor: Predictor,
+    config: Mapping[str, object],
+    engine: object,
+    shapes: Mapping[str, list[dict[str, int]]] | None = None,
+    threads: int | None = None,
+    repeats: int = 5,
+) -> list[ValidationRow]:
+    """Measure real forwards at held-out shapes and pair them with the predictor's figures."""
+    import torch
+
+    from dooly.profiler import default_clock, fixed_threads, measure_forward
+
+    shapes = shapes or VALIDATION_SHAPES
+    clock = default_clock(engine.device, threads)  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    model = engine.build_model(config)  # type: ignore[attr-defined]
+    rows = []
+    with fixed_threads(threads):
+        for phase, vs in shapes.items():
+            for v in vs:
+                m = measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
+                rows.append(ValidationRow(phase, dict(v), m.median_s, predictor.forward_latency(phase, v)))
+    return rows
+
+
+def mape(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
+    sel = [r.error for r in rows if phase is None or r.phase == phase]
+    return float(np.mean(sel)) * 100 if sel else float("nan")

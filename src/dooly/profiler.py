@@ -66,12 +66,33 @@ def _quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def time_calls(call: Callable[[int], Any], device: str = "cpu", cfg: TimerConfig | None = None) -> Measurement:
+def default_clock(device: str, threads: int | None) -> str:
+    """``thread`` (CPU time of the calling thread) for a one-thread CPU engine, else ``wall``.
+
+    With one intra-op thread every kernel runs on the calling thread, so its CPU time is the latency the pass
+    has on a core of its own; wall time on a shared machine also counts the time other tenants' processes
+    hold the core, which long forwards suffer and short op samples (whose median drops preempted samples) do
+    not -- timing both with the thread clock keeps them comparable. ``$DOOLY_CLOCK`` overrides.
+    """
+    env = os.environ.get("DOOLY_CLOCK")
+    if env in ("wall", "thread"):
+        return env
+    return "thread" if device == "cpu" and threads == 1 else "wall"
+
+
+_CLOCK = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def time_calls(
+    call: Callable[[int], Any], device: str = "cpu", cfg: TimerConfig | None = None, clock: str = "wall"
+) -> Measurement:
     """Time ``call(i)`` (``i`` rotates over input copies so weights are not cache-hot) and return its stats.
 
-    CPU: ``perf_counter`` around a loop of calls. CUDA: CUDA events around the loop, synchronised.
+    CPU: ``clock`` (``wall`` = perf_counter, ``thread`` = thread CPU time) around a loop of calls. CUDA: CUDA
+    events around the loop, synchronised.
     """
     cfg = cfg or TimerConfig()
+    now = _CLOCK[clock]
     start = time.perf_counter()
     cuda = device.startswith("cuda")
     if cuda:
@@ -88,10 +109,10 @@ def time_calls(call: Callable[[int], Any], device: str = "cpu", cfg: TimerConfig
     t_one = float("inf")
     for _ in range(max(1, cfg.warmup)):
         sync()
-        t0 = time.perf_counter()
+        t0 = now()
         call(i)
         sync()
-        t_one = min(t_one, time.perf_counter() - t0)
+        t_one = min(t_one, now() - t0)
         i += 1
     inner = int(min(cfg.max_inner, max(1, math.ceil(cfg.min_sample_s / max(t_one, 1e-9)))))
     samples: list[float] = []
@@ -109,11 +130,11 @@ def time_calls(call: Callable[[int], Any], device: str = "cpu", cfg: TimerConfig
             ev1.synchronize()
             samples.append(ev0.elapsed_time(ev1) / 1e3 / inner)
         else:
-            t0 = time.perf_counter()
+            t0 = now()
             for _ in range(inner):
                 call(i)
                 i += 1
-            samples.append((time.perf_counter() - t0) / inner)
+            samples.append((now() - t0) / inner)
         if r >= 2 and time.perf_counter() - start > cfg.budget_s:
             break
     cost = time.perf_counter() - start
@@ -141,27 +162,15 @@ def default_threads() -> int:
 PHASE_SYMBOLS = {"prefill": ("requests", "tokens"), "decode": ("requests", "kv_len")}
 
 
-def resolve_model(model: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(name, config dict)`` for a zoo name, a config.json path, a directory holding one, or a config dict."""
+def resolve_model(model: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(name, config dict)`` for a zoo name, a config.json path, a model directory, or a config dict."""
     if isinstance(model, Mapping):
         cfg = dict(model)
-        return str(cfg.get("_name_or_path") or cfg.get("_dooly", {}).get("name") or cfg.get("model_type")), cfg
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" and path.exists():
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise DoolyError(f"{path}: cannot read model config ({exc})") from None
-        if not isinstance(cfg, dict):
-            raise DoolyError(f"{path}: model config must be a JSON object")
-        return path.parent.name if path.name == "config.json" else path.stem, cfg
-    try:
-        from dooly import zoo  # type: ignore[attr-defined]
-    except ImportError:
-        raise DoolyError(f"{model}: not a config file or directory, and the model zoo is not available") from None
-    return str(model), dict(zoo.load_config(str(model)))
+        return str(cfg.get("_name_or_path") or cfg.get("model_type")), cfg
+    from dooly.zoo import load_config
+
+    mc = load_config(model)
+    return mc.name, dict(mc.config)
 
 
 def model_traces(
@@ -185,12 +194,16 @@ def model_traces(
 
 
 def context_for(engine: Engine, threads: int | None) -> ProfileContext:
-    """The store key of everything but the signature: hardware, engine, backend, dtype."""
+    """The store key of everything but the signature: hardware (+ clock), engine, backend, dtype."""
     backend = getattr(engine, "attn_implementation", None) or "default"
-    return ProfileContext(
-        hardware=hardware_fingerprint(engine.device, threads), engine=engine.name, backend=backend,
-        dtype=getattr(engine, "dtype", "float32"),
-    )  # fmt: skip
+    clock = default_clock(engine.device, threads)
+    hw = hardware_fingerprint(engine.device, threads) + (":threadclock" if clock == "thread" else "")
+    return ProfileContext(hardware=hw, engine=engine.name, backend=backend, dtype=getattr(engine, "dtype", "float32"))
+
+
+def clock_of(ctx: ProfileContext) -> str:
+    """The clock timings under ``ctx`` were (and must be) taken with."""
+    return "thread" if ctx.hardware.endswith(":threadclock") else "wall"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -404,6 +417,7 @@ class JobRunner:
         self.store = store
         self.ctx = ctx
         self.timer = timer or TimerConfig()
+        self.clock = clock_of(ctx)
         self._models: dict[tuple[str, int], Any] = {}
         self.stats = {"from_context": 0, "synthetic": 0, "points": 0, "failed": 0}
 
@@ -442,7 +456,7 @@ class JobRunner:
             try:
                 call = self._materialise(sig, values_full, pool, dev)
                 with torch.inference_mode():
-                    m = time_calls(call, self.engine.device, self.timer)
+                    m = time_calls(call, self.engine.device, self.timer, self.clock)
             except Exception as exc:  # an op that cannot run standalone is reported, not fatal
                 self.stats["failed"] += 1
                 _log_failure(sig, values, exc)
@@ -670,3 +684,141 @@ def _run_ray(plan, store, engine, timer, threads, address, on_job) -> float:  # 
         if on_job:
             on_job(futures[ready[0]], s)
     return spent
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Real end-to-end forwards: framework-overhead calibration and validation
+# ---------------------------------------------------------------------------------------------------------
+
+#: Shapes whose real forwards calibrate the framework overhead; off the grid and off the validation shapes.
+CALIBRATION_SHAPES: dict[str, list[dict[str, int]]] = {
+    "prefill": [{"requests": 1, "tokens": 12}, {"requests": 1, "tokens": 160}, {"requests": 2, "tokens": 72}],
+    "decode": [{"requests": 2, "kv_len": 30}, {"requests": 8, "kv_len": 500}, {"requests": 20, "kv_len": 80}],
+}
+
+
+def measure_forward(
+    engine: Engine,
+    model: Any,
+    phase: str,
+    values: Mapping[str, int],
+    repeats: int = 5,
+    warmup: int = 1,
+    clock: str = "wall",
+) -> Measurement:
+    """Time one real engine forward at ``values`` (the KV cache is rebuilt, untimed, before each run)."""
+    import copy
+
+    shape = (
+        RequestShape.prefill(values["requests"], values["tokens"])
+        if phase == "prefill"
+        else RequestShape.decode(values["requests"], values["kv_len"])
+    )
+    now = _CLOCK[clock]
+    t_start = time.perf_counter()
+    base = engine.prepare(model, shape)
+    samples = []
+    for r in range(warmup + repeats):
+        inputs = copy.deepcopy(base)  # forward extends the cache in place; each run starts from the same state
+        if engine.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+        t0 = now()
+        engine.forward(model, inputs)
+        if engine.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+        if r >= warmup:
+            samples.append(now() - t0)
+    return Measurement(
+        statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), len(samples),
+        time.perf_counter() - t_start,
+    )  # fmt: skip
+
+
+def calibrate(
+    name: str,
+    config: Mapping[str, Any],
+    store: ProfileStore,
+    engine: Engine,
+    ctx: ProfileContext,
+    shapes: Mapping[str, list[dict[str, int]]] | None = None,
+    threads: int | None = None,
+    repeats: int = 5,
+) -> float:
+    """Measure and store real forwards of the full model at the calibration shapes; returns seconds spent."""
+    import torch
+
+    shapes = shapes or CALIBRATION_SHAPES
+    store.put_trace("config", name, "config", canonical_json(dict(config)))
+    have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, name)}
+    todo = [(ph, v) for ph, vs in shapes.items() for v in vs if (ph, canonical_point(v)) not in have]
+    if not todo:
+        return 0.0
+    torch.manual_seed(0)
+    model = engine.build_model(config)
+    spent = 0.0
+    with fixed_threads(threads):
+        for ph, v in todo:
+            m = measure_forward(engine, model, ph, v, repeats=repeats, clock=clock_of(ctx))
+            store.put_forward(ctx, name, ph, v, m)
+            spent += m.cost_s
+    del model
+    return spent
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Savings accounting
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelCost:
+    name: str
+    signatures: int  # unique signatures of the model (both phases; repeated layers count once)
+    new: int  # profiled for this model (first in the list to need them, not already in the DB)
+    reused_models: int  # already needed by an earlier model in the list
+    reused_db: int  # already complete in the DB before this run
+    alone_s: float  # profiling cost of this model on its own (within-model reuse only)
+    marginal_s: float  # cost this model adds when profiled after the earlier ones, with reuse
+
+
+@dataclass
+class Savings:
+    models: list[ModelCost]
+    with_reuse_s: float
+    without_reuse_s: float
+    measured_share: float  # share of the signature costs that are measured (the rest estimated from the grid)
+
+    @property
+    def saved_pct(self) -> float:
+        return 100.0 * (1.0 - self.with_reuse_s / self.without_reuse_s) if self.without_reuse_s else 0.0
+
+
+def savings(plan: Plan, store: ProfileStore) -> Savings:
+    """Profiling cost with cross-model reuse vs each model alone (both dedup repeated layers, as Vidur)."""
+    measured = store.signature_costs(plan.ctx)
+    point_cost = plan.estimated_point_cost_s
+
+    def cost(key: str) -> float:
+        return measured[key] if key in measured else plan.grid_size.get(key, 1) * point_cost
+
+    seen: set[str] = set()
+    rows = []
+    n_meas = n_all = 0
+    for mp in plan.models:
+        keys = set().union(*(set(n) for n in mp.needs.values()))
+        new = {k for k in keys if k not in seen and k not in plan.known}
+        reused_models = {k for k in keys if k in seen}
+        reused_db = {k for k in keys if k not in seen and k in plan.known}
+        alone = sum(cost(k) for k in keys)
+        marginal = sum(cost(k) for k in keys - seen)
+        rows.append(ModelCost(mp.name, len(keys), len(new), len(reused_models), len(reused_db), alone, marginal))
+        n_meas += sum(1 for k in keys - seen if k in measured)
+        n_all += len(keys - seen)
+        seen |= keys
+    with_reuse = sum(r.marginal_s for r in rows)
+    without = sum(r.alone_s for r in rows)
+    return Savings(rows, with_reuse, without, n_meas / n_all if n_all else 1.0)

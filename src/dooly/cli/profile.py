@@ -1,1 +1,165 @@
-"""Commands registered on the dooly app (filled in by its feature)."""
+"""`dooly profile`, `dooly plan`, `dooly validate`: the profile database and the latency predictor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dooly.cli.app import app
+
+out = Console()
+err = Console(stderr=True)
+
+_DB = typer.Option(Path("profiles.db"), "--db", help="Profile database (SQLite file; created if absent).")
+_THREADS = typer.Option(None, "--threads", help="torch threads while timing (default: $DOOLY_THREADS or 1).")
+_DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or auto.")
+_DTYPE = typer.Option("bfloat16", "--dtype", help="Weight/activation dtype of the engine.")
+_GRID = typer.Option("default", "--grid", help="Request-value grid: default (small models on a CPU) or tiny.")
+
+
+def _setup(device: str, dtype: str, threads: int | None):  # type: ignore[no-untyped-def]
+    from dooly.engines import get_engine
+    from dooly.profiler import default_threads
+
+    return get_engine("hf-eager", device=device, dtype=dtype), threads if threads is not None else default_threads()
+
+
+def _grid(name: str):  # type: ignore[no-untyped-def]
+    from dooly.errors import DoolyError
+    from dooly.profiler import GridSpec
+
+    if name == "default":
+        return GridSpec()
+    if name == "tiny":
+        return GridSpec.tiny()
+    raise DoolyError(f"unknown grid {name!r} (default or tiny)")
+
+
+def _print_savings(plan, store) -> None:  # type: ignore[no-untyped-def]
+    from dooly.profiler import savings
+
+    sv = savings(plan, store)
+    t = Table(title=f"profiling plan ({plan.ctx.hardware}, {plan.ctx.engine}, {plan.ctx.dtype})")
+    for col in ("model", "signatures", "new", "reused (list)", "reused (DB)", "alone s", "with reuse s"):
+        t.add_column(col, justify="right" if col != "model" else "left")
+    for r in sv.models:
+        t.add_row(r.name, str(r.signatures), str(r.new), str(r.reused_models), str(r.reused_db),
+                  f"{r.alone_s:.1f}", f"{r.marginal_s:.1f}")  # fmt: skip
+    out.print(t)
+    est = "" if sv.measured_share >= 0.999 else f" ({100 * (1 - sv.measured_share):.0f}% of signatures estimated)"
+    out.print(
+        f"profiling cost: {sv.with_reuse_s:.1f} device-s with cross-model reuse vs {sv.without_reuse_s:.1f} "
+        f"device-s each model alone: {sv.saved_pct:.1f}% saved{est}"
+    )
+    out.print(f"to profile now: {len(plan.jobs)} jobs, {plan.todo_points} points; "
+              f"{len(plan.known)} signatures already in the DB")  # fmt: skip
+
+
+@app.command("plan")
+def plan_cmd(
+    models: list[str] = typer.Argument(..., help="Zoo names, config.json paths or model directories."),
+    db: Path = _DB,
+    threads: int | None = _THREADS,
+    device: str = _DEVICE,
+    dtype: str = _DTYPE,
+    grid: str = _GRID,
+) -> None:
+    """Print what profiling MODELS would measure, what it reuses, and the cost with vs without reuse."""
+    from dooly.profiler import make_plan
+    from dooly.store import ProfileStore
+
+    engine, threads = _setup(device, dtype, threads)
+    with ProfileStore(db) as store:
+        plan = make_plan(models, store, engine, _grid(grid), threads, progress=lambda m: err.print(m))
+        _print_savings(plan, store)
+
+
+@app.command("profile")
+def profile_cmd(
+    models: list[str] = typer.Argument(..., help="Zoo names, config.json paths or model directories."),
+    db: Path = _DB,
+    threads: int | None = _THREADS,
+    device: str = _DEVICE,
+    dtype: str = _DTYPE,
+    grid: str = _GRID,
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Spread the jobs over a Ray cluster."),
+    calibrate_overhead: bool = typer.Option(
+        True, "--calibrate/--no-calibrate", help="Also time real forwards to fit the framework overhead."
+    ),
+) -> None:
+    """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
+    from dooly.profiler import calibrate, failures, make_plan, resolve_model, run_plan
+    from dooly.store import ProfileStore
+
+    engine, threads = _setup(device, dtype, threads)
+    with ProfileStore(db) as store:
+        plan = make_plan(models, store, engine, _grid(grid), threads, progress=lambda m: err.print(m))
+        total_sigs = len(plan.grid_size)
+        err.print(f"{total_sigs} unique signatures; {len(plan.known)} skipped as already in the DB; "
+                  f"{len(plan.jobs)} jobs, {plan.todo_points} points to time")  # fmt: skip
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err,
+        ) as bar:  # fmt: skip
+            task = bar.add_task(f"profiling ({len(plan.known)} known, skipped)", total=plan.todo_points)
+            stats = run_plan(
+                plan, store, engine, threads=threads, ray_address=ray_address,
+                on_job=lambda job, _s: bar.advance(task, len(job.items)),
+            )  # fmt: skip
+        calib = 0.0
+        if calibrate_overhead:
+            for m in models:
+                name, cfg = resolve_model(m)
+                err.print(f"calibrating framework overhead on {name}")
+                calib += calibrate(name, cfg, store, engine, plan.ctx, threads=threads)
+        for f in failures()[:10]:
+            err.print(f"[yellow]could not time[/] {f}")
+        out.print(f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
+                  f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
+                  f"calibration forwards {calib:.1f} s")  # fmt: skip
+        _print_savings(plan, store)
+
+
+@app.command("validate")
+def validate_cmd(
+    model: str = typer.Argument(..., help="Zoo name, config.json path or model directory."),
+    db: Path = _DB,
+    threads: int | None = _THREADS,
+    device: str = _DEVICE,
+    dtype: str = _DTYPE,
+    method: str = typer.Option("auto", "--method", help="interp, forest or auto (lower held-out error)."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed runs per held-out shape (median reported)."),
+) -> None:
+    """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase."""
+    from dooly.predictor import Predictor, mape, method_errors, validate_model
+    from dooly.profiler import context_for, resolve_model
+    from dooly.store import ProfileStore
+
+    engine, threads = _setup(device, dtype, threads)
+    name, cfg = resolve_model(model)
+    if method == "auto":
+        with ProfileStore(db) as store:
+            raw = store.all_points(context_for(engine, threads))
+        errs = method_errors({k: [(p, m.median_s) for p, m in v] for k, v in raw.items()})
+        if errs["interp"]:
+            import numpy as np
+
+            out.print(f"held-out grid-line MAPE: interp {100 * np.mean(errs['interp']):.1f}%, "
+                      f"forest {100 * np.mean(errs['forest']):.1f}%")  # fmt: skip
+    pred = Predictor.for_model(model, db, engine, threads=threads, method=method)
+    own = pred.overhead.n_fit
+    err.print(f"predictor: {pred.method}; overhead fitted on {own} stored forwards; measuring {name}")
+    rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats)
+    t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
+    for col in ("phase", "shape", "measured ms", "predicted ms", "error %"):
+        t.add_column(col, justify="left" if col in ("phase", "shape") else "right")
+    for r in rows:
+        shape = " ".join(f"{k}={v}" for k, v in r.values.items())
+        t.add_row(r.phase, shape, f"{r.measured_s * 1e3:.2f}", f"{r.predicted_s * 1e3:.2f}", f"{r.error * 100:.1f}")
+    out.print(t)
+    out.print(f"MAPE prefill {mape(rows, 'prefill'):.1f}%  decode {mape(rows, 'decode'):.1f}%  "
+              f"all {mape(rows):.1f}%")  # fmt: skip

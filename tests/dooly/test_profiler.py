@@ -1,0 +1,176 @@
+"""Profiler: plan (dedup within/across models and against the DB), jobs, timing, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_profile_fixtures import seed_traces, tiny_config
+
+from dooly.engines import get_engine
+from dooly.errors import DoolyError
+from dooly.profiler import (
+    GridSpec,
+    TimerConfig,
+    _build_call,
+    _fresh,
+    make_plan,
+    run_plan,
+    savings,
+    time_calls,
+)
+from dooly.signature import Signature
+from dooly.store import ProfileStore
+
+FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
+GRID = GridSpec((1, 2), (1, 4), (1, 2), (4, 8))
+
+
+@pytest.fixture
+def two_models(tmp_path: Path) -> tuple[Path, dict, dict]:
+    """Two tiny configs that differ only in MLP width (attention signatures shared), traces seeded."""
+    db = tmp_path / "p.db"
+    a, b = tiny_config("tiny-a", 128), tiny_config("tiny-b", 96)
+    seed_traces(db, a)
+    seed_traces(db, b)
+    return db, a, b
+
+
+def test_grid_points() -> None:
+    g = GridSpec.tiny()
+    assert len(g.phase_points("prefill")) == len(g.prefill_requests) * len(g.prefill_tokens)
+    assert g.signature_points("decode", {"kv_len"}) == [{"kv_len": v} for v in g.decode_kv_len]
+    assert g.signature_points("decode", set()) == [{}]
+    with pytest.raises(DoolyError, match="tokens"):
+        g.signature_points("decode", {"tokens"})
+
+
+def test_time_calls_stats() -> None:
+    n = []
+    m = time_calls(lambda i: n.append(i), "cpu", TimerConfig(warmup=2, repeats=5, min_sample_s=0.0, max_inner=1))
+    assert m.p10_s <= m.median_s <= m.p90_s
+    assert m.repeats == 5 and len(n) == 7  # 2 warm-up + 5 timed
+    assert n == list(range(7))  # the rotation index advances on every call
+    assert m.cost_s > 0
+
+
+def test_fresh_handles_broadcast_strides_and_copies() -> None:
+    t = _fresh((3, 4), (0, 1), torch.float32, torch.device("cpu"))
+    assert t.stride() == (0, 1) and t.shape == (3, 4)
+    c = _fresh((3, 4), (0, 1), torch.float32, torch.device("cpu"), like=t)
+    assert torch.equal(c, t) and c.data_ptr() != t.data_ptr()
+    assert _fresh((2,), (1,), torch.int64, torch.device("cpu")).sum().item() == 0
+
+
+def test_build_call_kwargs_named_like_a_tag() -> None:
+    doc = {"args": [[{"sym": "requests"}, 3]], "kwargs": {"dtype": {"dtype": "bool"}}}
+    sig = Signature("aten.ones.default", (), json.dumps(doc), "hf-eager/cpu")
+    args, kwargs = _build_call(sig, {"requests": 2}, lambda *a: None)
+    assert args == [[2, 3]] and kwargs == {"dtype": torch.bool}
+    assert torch.ops.aten.ones.default(*args, **kwargs).shape == (2, 3)
+
+
+def test_plan_dedups_across_models_and_against_the_db(two_models) -> None:
+    db, a, b = two_models
+    engine = get_engine()
+    with ProfileStore(db) as st:
+        plan = make_plan([a, b], st, engine, GRID, threads=1)
+        ka = set().union(*(set(n) for n in plan.models[0].needs.values()))
+        kb = set().union(*(set(n) for n in plan.models[1].needs.values()))
+        shared = ka & kb
+        # the configs differ only in MLP width: attention, embedding and q-proj signatures are shared
+        assert shared and kb - ka
+        assert {plan.owner[k] for k in shared} == {"tiny-a"}
+        # every (signature, point) is planned exactly once over all jobs
+        items = [(k, p) for j in plan.jobs for k, _, p in j.items]
+        assert len(items) == len(set(items)) == sum(plan.grid_size.values())
+        assert all(j.model == "tiny-a" or all(plan.owner[k] == "tiny-b" for k, _, _ in j.items) for j in plan.jobs)
+        sv = savings(plan, st)  # before profiling: estimated from the grid
+        assert sv.models[1].reused_models == len(shared)
+        assert 0 < sv.saved_pct < 100
+        stats = run_plan(plan, st, engine, timer=FAST, threads=1)
+        assert stats["points"] == len(items) and stats["failed"] == 0
+        assert stats["from_context"] > 0  # inputs came from the engine's own forward (context reuse)
+        assert st.complete_keys(plan.ctx) == ka | kb
+        again = make_plan([a, b], st, engine, GRID, threads=1)
+        assert again.jobs == [] and again.known == ka | kb
+        sv = savings(again, st)
+        assert sv.measured_share == 1.0
+        assert sv.with_reuse_s == pytest.approx(sum(c for k, c in st.signature_costs(plan.ctx).items()))
+        assert sv.without_reuse_s > sv.with_reuse_s
+
+
+def test_ray_without_ray_is_a_clear_error(two_models) -> None:
+    pytest.importorskip("torch")
+    try:
+        import ray  # noqa: F401
+
+        pytest.skip("ray is installed")
+    except ImportError:
+        pass
+    db, a, _ = two_models
+    engine = get_engine()
+    with ProfileStore(db) as st:
+        plan = make_plan([a], st, engine, GRID, threads=1)
+        with pytest.raises(DoolyError, match="ray is not installed"):
+            run_plan(plan, st, engine, ray_address="auto")
+
+
+_KILL_GRID = GridSpec((1, 2, 3), (1, 2, 4, 8), (1, 2, 3), (4, 8, 16))
+_PROFILE = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from test_profile_fixtures import tiny_config
+from test_profiler import _KILL_GRID
+from dooly.engines import get_engine
+from dooly.profiler import TimerConfig, make_plan, run_plan
+from dooly.store import ProfileStore
+slow = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=1.0)
+with ProfileStore(sys.argv[1]) as st:
+    eng = get_engine()
+    plan = make_plan([tiny_config("tiny-a")], st, eng, _KILL_GRID, threads=1)
+    print("todo", plan.todo_points, flush=True)
+    run_plan(plan, st, eng, timer=slow, threads=1, on_job=lambda j, s: print("job", flush=True))
+"""
+
+
+def test_sigkill_mid_profile_resumes_and_loses_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "kill.db"
+    cfg = tiny_config("tiny-a")
+    seed_traces(db, cfg)
+    here = str(Path(__file__).parent)
+    proc = subprocess.Popen([sys.executable, "-c", _PROFILE, str(db), here], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    total = int(proc.stdout.readline().split()[1])
+    assert proc.stdout.readline().strip() == "job"  # at least one job committed
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with ProfileStore(db) as st:
+        engine = get_engine()
+        ctx_points = st._db.execute("SELECT COUNT(*) FROM points").fetchone()[0]
+        assert 0 < ctx_points < total  # killed mid-run, every finished point kept
+        # resume: only the missing points are planned, and the run completes the grid
+        plan = make_plan([cfg], st, engine, _KILL_GRID, threads=1)
+        assert plan.todo_points == total - ctx_points
+        run_plan(plan, st, engine, timer=FAST, threads=1)
+        assert st._db.execute("SELECT COUNT(*) FROM points").fetchone()[0] == total
+        assert len(st.complete_keys(plan.ctx)) == len(plan.grid_size)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_profiles_a_tiny_model(two_models) -> None:
+    db, a, _ = two_models
+    seed_traces(db, a)
+    engine = get_engine(device="cuda")
+    with ProfileStore(db) as st:
+        plan = make_plan([a], st, engine, GRID, threads=1)
+        assert plan.ctx.hardware.startswith("cuda:")
+        stats = run_plan(plan, st, engine, timer=FAST, threads=1)
+        assert stats["failed"] == 0 and stats["points"] == plan.todo_points
