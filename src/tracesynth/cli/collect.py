@@ -142,22 +142,19 @@ def datasets(
         raise TraceSynthError(
             "no dataset here (no manifest.json); build one with `tracesynth datasets --build`", directory
         )
-    table = Table(
-        "file", "workload", "events", "types", "duration", "top events", "MB", "date", box=None, pad_edge=False
-    )
+    table = Table("file", "events", "types", "seconds", "MB", "most common event", box=None)
     total = 0
     for t in doc["traces"]:
-        top = ", ".join(name for name, _ in t.get("event_counts", [])[:3])
+        counts = t.get("event_counts", [])
+        top = f"{counts[0][0]} {counts[0][1] / max(1, t['events']):.0%}" if counts else "-"
         total += t.get("bytes", 0)
         table.add_row(
             t["file"],
-            str(t.get("workload")),
             f"{t['events']:,}",
             str(t["event_types"]),
-            f"{t['duration_s']:.1f} s",
-            top,
+            f"{t['duration_s']:.1f}",
             f"{t.get('bytes', 0) / 1e6:.1f}",
-            str(t.get("date", ""))[:10],
+            top,
         )
     out.print(table)
     out.print(

@@ -31,6 +31,7 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.lib.stride_tricks import sliding_window_view
 
 from tracesynth.errors import TraceSynthError
 from tracesynth.io.syscalls import lookup_numbers
@@ -44,7 +45,8 @@ PERF_CLOCK = "perf_clock"  # perf's default sample clock (the kernel's local_clo
 
 _SP, _LB, _RB, _COLON, _DOT, _SLASH, _MINUS, _NL = (ord(c) for c in " []:./-\n")
 _POW10 = 10 ** np.arange(19, dtype=np.int64)
-_PAD = 512
+_COMM_WIDTH, _EVENT_WIDTH = 32, 64  # longest comm / "subsystem:event" name the parser accepts
+_LPAD, _PAD = 64, 512  # zero bytes before and after each block's text, so windows never leave the buffer
 
 
 class PerfInstallError(TraceSynthError):
@@ -104,88 +106,97 @@ def _first_at_or_after(positions: np.ndarray, start: np.ndarray) -> np.ndarray:
 
 def _positions(buf: np.ndarray, char: int) -> np.ndarray:
     """Sorted positions of `char` in the text part of a padded block, plus a sentinel past its end."""
-    text = buf[: len(buf) - _PAD]
-    pos = np.flatnonzero(text == char)
-    return np.append(pos, len(text))  # "not found" lands past every line end, inside the padding
+    text = buf[_LPAD : len(buf) - _PAD]
+    pos = np.flatnonzero(text == char) + _LPAD
+    return np.append(pos, _LPAD + len(text))  # "not found" lands past every line end, inside the padding
 
 
-def _skip(buf: np.ndarray, pos: np.ndarray, step: int, want_space: bool, limit: int) -> np.ndarray:
-    """Move pos by `step` while buf[pos] is (not) a space, at most `limit` steps."""
-    pos = pos.copy()
-    for _ in range(limit):
-        c = buf[pos]
-        move = (c == _SP) if want_space else (c != _SP)
-        if not move.any():
-            break
-        pos += step * move
-    return pos
+def _win(buf: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) bytes buf[start : start + width] per row (one gather for all rows)."""
+    return sliding_window_view(buf, width)[start]
 
 
-def _digits_back(buf: np.ndarray, last: np.ndarray, limit: int = 12) -> np.ndarray:
+def _is_digit(w: np.ndarray) -> np.ndarray:
+    return (w >= 48) & (w <= 57)
+
+
+def _first_true(mask: np.ndarray) -> np.ndarray:
+    """Index of the first True per row, or the row width when there is none."""
+    k = mask.argmax(axis=1)
+    return np.where(mask[np.arange(len(mask)), k], k, mask.shape[1])
+
+
+def _skip_spaces(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """First non-space at or after pos (within width bytes)."""
+    return pos + _first_true(_win(buf, pos, width) != _SP)
+
+
+def _skip_spaces_back(buf: np.ndarray, last: np.ndarray, width: int) -> np.ndarray:
+    """Last non-space at or before `last` (within width bytes)."""
+    return last - _first_true(_win(buf, last - width + 1, width)[:, ::-1] != _SP)
+
+
+def _skip_word(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """First space at or after pos (within width bytes)."""
+    return pos + _first_true(_win(buf, pos, width) == _SP)
+
+
+def _digits_back(buf: np.ndarray, last: np.ndarray, width: int = 12) -> np.ndarray:
     """First index of the run of ASCII digits that ends at `last` (inclusive)."""
-    first = last.copy()
-    active = np.ones(len(last), dtype=bool)
-    for _ in range(limit):
-        c = buf[first - 1]
-        active &= (c >= 48) & (c <= 57)
-        if not active.any():
-            break
-        first -= active
-    return first
+    return last + 1 - _first_true(~_is_digit(_win(buf, last - width + 1, width)[:, ::-1]))
 
 
-def _parse_uint(buf: np.ndarray, start: np.ndarray, end: np.ndarray, limit: int = 19) -> tuple[np.ndarray, np.ndarray]:
-    """Decimal digits buf[start:end] -> (int64 values, ok mask); ok is False for empty/non-digit/too long."""
-    n = end - start
-    ok = (n > 0) & (n <= limit)
-    val = np.zeros(len(start), dtype=np.int64)
-    top = int(n.max(initial=0))
-    for k in range(min(top, limit)):
-        live = k < n
-        d = buf[np.minimum(start + k, len(buf) - 1)].astype(np.int64) - 48
-        ok &= ~live | ((d >= 0) & (d <= 9))
-        val = np.where(live, val * 10 + d, val)
-    return val, ok
-
-
-def _digits_forward(buf: np.ndarray, start: np.ndarray, limit: int = 20) -> np.ndarray:
+def _digits_forward(buf: np.ndarray, start: np.ndarray, width: int = 20) -> np.ndarray:
     """End (exclusive) of the run of ASCII digits that starts at `start`."""
-    end = start.copy()
-    active = np.ones(len(start), dtype=bool)
-    top = len(buf) - 1
-    for _ in range(limit):
-        c = buf[np.minimum(end, top)]
-        active &= (c >= 48) & (c <= 57) & (end < top)
-        if not active.any():
-            break
-        end += active
-    return end
+    return start + _first_true(~_is_digit(_win(buf, start, width)))
+
+
+def _parse_uint(buf: np.ndarray, start: np.ndarray, end: np.ndarray, width: int = 18) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal digits buf[start:end] -> (int64 values, ok mask); ok is False for empty/non-digit/too long.
+
+    The `width` bytes ending at `end` are gathered at once and the digits weighted by powers of ten
+    (right-aligned), so the cost is one gather and a few whole-array operations.
+    """
+    n = end - start
+    ok = (n > 0) & (n <= width)
+    w = _win(buf, end - width, width).astype(np.int64) - 48
+    live = np.arange(width) >= (width - n)[:, None]
+    ok &= np.all(~live | ((w >= 0) & (w <= 9)), axis=1)
+    val = (np.where(live, w, 0) * _POW10[width - 1 :: -1][:width]).sum(axis=1)
+    return val, ok
 
 
 def _parse_hex(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hex digits buf[start:end] (no 0x) -> (int64 two's complement values, ok mask)."""
     n = end - start
     ok = (n > 0) & (n <= 16)
-    val = np.zeros(len(start), dtype=np.uint64)
-    for k in range(int(n.max(initial=0)) if len(n) else 0):
-        if k >= 16:
-            break
-        live = k < n
-        c = buf[np.minimum(start + k, len(buf) - 1)].astype(np.int64)
-        d = np.where(c <= 57, c - 48, (c | 32) - 87)
-        ok &= ~live | ((d >= 0) & (d <= 15))
-        val = np.where(live, (val << np.uint64(4)) | d.astype(np.uint64), val)
+    c = _win(buf, end - 16, 16).astype(np.int64)
+    d = np.where(c <= 57, c - 48, (c | 32) - 87)
+    live = np.arange(16) >= (16 - n)[:, None]
+    ok &= np.all(~live | ((d >= 0) & (d <= 15)), axis=1)
+    d = np.where(live, d, 0).astype(np.uint64)
+    val = np.zeros(len(n), dtype=np.uint64)
+    for k in range(16):  # 16 whole-array steps, not per row
+        val = (val << np.uint64(4)) | d[:, k]
     return val.view(np.int64), ok
 
 
-def _strings(data: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> pa.DictionaryArray:
-    """Dictionary-encode the byte ranges buf[start:end] (gathered into one contiguous buffer)."""
-    lens = (end - start).astype(np.int64)
-    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    idx = np.repeat(start.astype(np.int64) - offsets[:-1], lens) + np.arange(offsets[-1], dtype=np.int64)
-    arr = pa.LargeStringArray.from_buffers(len(lens), pa.py_buffer(offsets), pa.py_buffer(buf[idx].tobytes()))
-    return pc.dictionary_encode(arr)
+def _strings(
+    buf: np.ndarray, start: np.ndarray, end: np.ndarray, width: int
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Codes and distinct values of the byte strings buf[start:end] (each at most `width` bytes).
+
+    The strings are gathered as fixed-width, zero-filled rows and hashed by arrow's dictionary
+    encoder; returns (codes, values, ok) where ok is False for strings longer than `width`.
+    """
+    n = end - start
+    ok = (n > 0) & (n <= width)
+    w = _win(buf, start, width).copy()
+    w[np.arange(width) >= n[:, None]] = 0
+    arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(n), [None, pa.py_buffer(w)])
+    enc = pc.dictionary_encode(arr)
+    values = [v.rstrip(b"\0").decode("utf-8", "replace") for v in enc.dictionary.to_pylist()]
+    return enc.indices.to_numpy(), values, ok
 
 
 # -- the block parser ---------------------------------------------------------------------------------
@@ -208,18 +219,18 @@ class _Block:
 
 def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | None, int]:
     """Parse whole lines of perf script text; returns (columns, number of lines skipped)."""
-    # Zero padding lets every field scan read past a malformed line's end without bounds checks.
-    buf = np.frombuffer(data + bytes(_PAD), dtype=np.uint8)
-    nl = np.flatnonzero(buf[: len(data)] == _NL)
+    # Zero padding on both sides lets every fixed-width window read past a malformed line's ends.
+    buf = np.frombuffer(bytes(_LPAD) + data + bytes(_PAD), dtype=np.uint8)
+    nl = np.flatnonzero(buf[_LPAD : _LPAD + len(data)] == _NL) + _LPAD
     if len(nl) == 0:
         return None, 0
     starts = np.empty(len(nl), dtype=np.int64)
-    starts[0] = 0
+    starts[0] = _LPAD
     starts[1:] = nl[:-1] + 1
     ends = nl.astype(np.int64)
     # Drop blank lines and comment/header lines before locating fields.
-    first = _skip(buf, starts, 1, True, 64)
-    keep = (first < ends) & (buf[np.minimum(first, len(buf) - 1)] != ord("#"))
+    first = _skip_spaces(buf, starts, 64)
+    keep = (first < ends) & (buf[first] != ord("#"))
     starts, ends, first = starts[keep], ends[keep], first[keep]
     if len(starts) == 0:
         return None, 0
@@ -230,37 +241,36 @@ def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | N
     ok = (lb < ends) & (rb < ends) & (lb > first)
     lb = np.where(ok, lb, first + 1)
     rb = np.where(ok, rb, lb + 1)
-    cpu, ok_c = _parse_uint(buf, lb + 1, rb, 6)
+    cpu, ok_c = _parse_uint(buf, lb + 1, rb, 4)
     ok &= ok_c
     # tid just before '[', optional "pid/" before it, comm before that.
-    tid_last = _skip(buf, lb - 1, -1, True, 16)
-    tid_first = _digits_back(buf, tid_last, 12)
-    tid, ok_t = _parse_uint(buf, tid_first, tid_last + 1, 12)
+    tid_last = _skip_spaces_back(buf, lb - 1, 16)
+    tid_first = _digits_back(buf, tid_last, 10)
+    tid, ok_t = _parse_uint(buf, tid_first, tid_last + 1, 9)
     ok &= ok_t
     has_pid = buf[tid_first - 1] == _SLASH
     pid_first = np.where(has_pid, _digits_back(buf, tid_first - 2, 12), tid_first)
-    comm_last = _skip(buf, pid_first - 1, -1, True, 16)
-    ok &= (comm_last >= first) & (pid_first > first)
+    comm_last = _skip_spaces_back(buf, pid_first - 1, 16)
+    ok &= (comm_last >= first) & (pid_first > first) & (comm_last - first < _COMM_WIDTH)
     # time "sec.frac:" after "] ".
-    t0 = _skip(buf, rb + 1, 1, True, 16)
+    t0 = _skip_spaces(buf, rb + 1, 16)
     tcolon = _first_at_or_after(colons, t0)
     dot = _first_at_or_after(_positions(buf, _DOT), t0)
     ok &= (dot < tcolon) & (tcolon < ends)
-    sec, ok_s = _parse_uint(buf, t0, dot, 12)
+    sec, ok_s = _parse_uint(buf, t0, dot, 10)
     frac, ok_f = _parse_uint(buf, dot + 1, tcolon, 9)
     ok &= ok_s & ok_f
     flen = np.clip(tcolon - dot - 1, 0, 9)
     ts = sec * 1_000_000_000 + frac * _POW10[9 - flen]
     # event "sub:name:" after the time (a sample period may stand before it).
-    e0 = _skip(buf, tcolon + 1, 1, True, 32)
-    c0 = buf[np.minimum(e0, len(buf) - 1)]
-    period = (c0 >= 48) & (c0 <= 57)
+    e0 = _skip_spaces(buf, tcolon + 1, 32)
+    period = _is_digit(buf[e0])
     if period.any():
-        after = _skip(buf, _skip(buf, e0, 1, False, 24), 1, True, 32)
+        after = _skip_spaces(buf, _skip_word(buf, e0, 24), 32)
         e0 = np.where(period, after, e0)
     sep = _first_at_or_after(colons, e0)
     e1 = colons[np.minimum(np.searchsorted(colons, sep + 1), len(colons) - 1)]
-    ok &= (sep < ends) & (e1 <= ends) & (e1 > sep + 1) & (sep > e0)
+    ok &= (sep < ends) & (e1 <= ends) & (e1 > sep + 1) & (sep > e0) & (e1 - e0 <= _EVENT_WIDTH)
     skipped = int((~ok).sum())  # blank and comment lines are not counted
     if not ok.all():
         sel = np.flatnonzero(ok)
@@ -271,38 +281,36 @@ def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | N
     n = len(starts)
     if n == 0:
         return None, skipped
-    ev_raw = _strings(data, buf, e0, e1)
-    comm_raw = _strings(data, buf, first, comm_last + 1)
-    comm = comms.map(comm_raw.dictionary.to_pylist())[comm_raw.indices.to_numpy()]
-    raw_names = ev_raw.dictionary.to_pylist()
-    raw_codes = ev_raw.indices.to_numpy()
+    raw_codes, raw_names, _ = _strings(buf, e0, e1, _EVENT_WIDTH)
+    comm_codes, comm_names, _ = _strings(buf, first, comm_last + 1, _COMM_WIDTH)
+    comm = comms.map(comm_names)[comm_codes]
     event = events.map(canonical_event(r) for r in raw_names)[raw_codes]
     ret = np.zeros(n, dtype=np.int64)
     has_ret = np.zeros(n, dtype=bool)
     p0 = e1 + 2  # payload start after "event: "
     for k, raw in enumerate(raw_names):
-        rows = np.flatnonzero(raw_codes == k)
         if raw in ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit"):
+            rows = np.flatnonzero(raw_codes == k)
             # "NR 12 (args)" / "NR 12 = ret"
             s = p0[rows] + 3
             neg = buf[s] == _MINUS  # "NR -1": the kernel lost the number (restarted call): unknown
-            e = _digits_forward(buf, s + neg, 6)
-            nr, ok_nr = _parse_uint(buf, s + neg, e, 6)
+            e = _digits_forward(buf, s + neg, 8)
+            nr, ok_nr = _parse_uint(buf, s + neg, e, 4)
             nr = np.where(ok_nr & ~neg, nr, -1)
             codes, names = lookup_numbers(nr)
             prefix = "syscall_entry_" if raw.endswith("enter") else "syscall_exit_"
             event[rows] = events.map(prefix + nm for nm in names)[codes]
             if raw.endswith("exit"):
                 r0 = e + 3  # " = "
-                minus = buf[np.minimum(r0, len(buf) - 1)] == _MINUS
+                minus = buf[r0] == _MINUS
                 r0 = r0 + minus
-                val, ok_r = _parse_uint(buf, r0, ends[rows], 19)
+                val, ok_r = _parse_uint(buf, r0, ends[rows], 18)
                 ret[rows] = np.where(minus, -val, val)
                 has_ret[rows] = ok_r
         elif raw.startswith("syscalls:sys_exit_"):
+            rows = np.flatnonzero(raw_codes == k)
             # "0x<hex>" (the return value as an unsigned long)
-            s = p0[rows] + 2
-            val, ok_r = _parse_hex(buf, s, ends[rows])
+            val, ok_r = _parse_hex(buf, p0[rows] + 2, ends[rows])
             ret[rows] = val
             has_ret[rows] = ok_r
     return _Block(ts, event, cpu.astype(np.int32), tid, comm, ret, has_ret), skipped
