@@ -17,6 +17,7 @@ def fit(
     context: int = typer.Option(1024, "--context", help="Events per window (L)."),
     channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
     steps: int = typer.Option(1000, "--steps", help="Training steps (in total, counting resumed ones)."),
+    time_limit: float = typer.Option(0.0, "--time-limit", help="Stop training after this many seconds (0 = no limit)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Windows per step (per process under torchrun)."),
     patch: int = typer.Option(0, "--patch", help="Events per transformer token; 0 = context // 256."),
     stride: int = typer.Option(0, "--stride", help="Window stride in events; 0 = context // 2."),
@@ -40,6 +41,7 @@ def fit(
             raise TraceSynthError(f"already trained for {synth.step} steps; ask for more with --steps", output)
         synth.config.steps = steps
         synth.config.device = device
+        synth.config.time_limit = time_limit
         if is_main_process():
             console.print(f"resuming {output} at step {synth.step}")
     else:
@@ -47,6 +49,7 @@ def fit(
             context=context,
             channels=channels,
             steps=steps,
+            time_limit=time_limit,
             batch_size=batch_size,
             patch=patch or None,
             stride=stride or None,

@@ -31,6 +31,7 @@ class TraceSynthConfig:
     aux_weight: float = 1.0  # weight of the reconstruction (cross-entropy / dt regression) loss
     # training
     steps: int = 1000
+    time_limit: float = 0.0  # seconds; > 0 stops training there, the LR schedule following whichever ends first
     batch_size: int = 16
     lr: float = 1e-3
     warmup: int = 50

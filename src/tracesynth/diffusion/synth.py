@@ -126,7 +126,7 @@ class TraceSynth:
             progress=progress,
         )
         self.model.to("cpu")
-        self.step, self.history = cfg.steps, hist
+        self.step, self.history = int(hist["steps"]), hist
         self.history["train_windows"], self.history["val_windows"] = len(train_w["event"]), len(val_w["event"])
         return self
 

@@ -87,11 +87,13 @@ class DiffusionLoss(nn.Module):
         return loss_eps + self.aux_weight * aux, loss_eps.detach()
 
 
-def lr_at(step: int, cfg: TraceSynthConfig) -> float:
-    """Linear warm-up, then cosine decay to a tenth of the peak."""
+def lr_at(step: int, cfg: TraceSynthConfig, elapsed: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak (by steps or by time, whichever is further)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    if cfg.time_limit > 0:
+        frac = max(frac, elapsed / cfg.time_limit)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
@@ -160,11 +162,24 @@ def train(
         transient=False,
     )
     ema, t_start, events = None, time.perf_counter(), 0
+
+    def _checkpoint(done: int) -> None:
+        hist["val_loss"] = evaluate(loss_mod, val, cfg, device)
+        hist["steps"] = done
+        if rank == 0 and checkpoint is not None:
+            checkpoint(done, opt, dict(hist))
+        if distributed:
+            dist.barrier()
+
     with bar:
         task = bar.add_task("fit", total=cfg.steps, completed=start_step, loss=float("nan"), val=float("nan"), eps=0.0)
+        done = start_step
         for step in range(start_step, cfg.steps):
+            elapsed = time.perf_counter() - t_start
+            if cfg.time_limit > 0 and _agree_to_stop(elapsed >= cfg.time_limit, distributed, device):
+                break
             for grp in opt.param_groups:
-                grp["lr"] = lr_at(step, cfg)
+                grp["lr"] = lr_at(step, cfg, elapsed)
             idx = torch.randint(0, n_win, (cfg.batch_size,), generator=g)
             batch = {c: v[idx.to(device)] for c, v in data.items()}
             t = torch.randint(0, cfg.timesteps, (cfg.batch_size,), generator=g).to(device)
@@ -181,17 +196,24 @@ def train(
             events += cfg.batch_size * cfg.context * size
             done = step + 1
             if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                hist["val_loss"] = evaluate(loss_mod, val, cfg, device)
-                if rank == 0 and checkpoint is not None:
-                    checkpoint(done, opt, dict(hist))
-                if distributed:
-                    dist.barrier()
+                _checkpoint(done)
             rate = events / max(1e-9, time.perf_counter() - t_start)
             bar.update(task, completed=done, loss=ema, val=hist["val_loss"], eps=rate)
+        if done % cfg.checkpoint_every and done != cfg.steps:  # stopped by the time limit
+            _checkpoint(done)
     hist["train_events_per_s"] = events / max(1e-9, time.perf_counter() - t_start)
-    hist["steps"] = cfg.steps
+    hist["steps"] = done
     model.eval()
     return hist
+
+
+def _agree_to_stop(mine: bool, distributed: bool, device: torch.device) -> bool:
+    """Every rank stops at the same step (any rank past the time limit stops them all)."""
+    if not distributed:
+        return mine
+    flag = torch.tensor([1.0 if mine else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 # -- optimizer state without pickle -----------------------------------------------------------
