@@ -1,0 +1,133 @@
+"""Predictor: per-signature interpolation, method choice, overhead fit, iteration composition."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_profile_fixtures import tiny_config, tiny_traces
+
+from dooly.batch import Batch
+from dooly.errors import DoolyError
+from dooly.predictor import (
+    OverheadModel,
+    Predictor,
+    SignatureModel,
+    choose_method,
+    holdout_errors,
+    method_errors,
+)
+
+
+def _law(v: dict) -> float:
+    """A latency that is affine in the work, as most kernels are: 5 us + 20 ns per (requests*tokens) + kv."""
+    r, t, k = v.get("requests", 1), v.get("tokens", 1), v.get("kv_len", 0)
+    return 5e-6 + 2e-8 * r * t * 64 + 1e-9 * r * k * 16
+
+
+def _grid_points(symbols: tuple[str, ...]) -> list[tuple[dict, float]]:
+    axes = {"requests": (1, 2, 4, 8), "tokens": (1, 4, 16, 64, 256), "kv_len": (16, 64, 256, 1024)}
+    pts: list[dict] = [{}]
+    for s in symbols:
+        pts = [{**p, s: v} for p in pts for v in axes[s]]
+    return [(p, _law(p)) for p in pts]
+
+
+def test_interp_exact_on_grid_and_close_between() -> None:
+    pts = _grid_points(("requests", "tokens"))
+    m = SignatureModel(("requests", "tokens"), pts)
+    for p, t in pts:
+        assert m(p) == pytest.approx(t, rel=1e-9)
+    for v in ({"requests": 3, "tokens": 40}, {"requests": 6, "tokens": 100}):
+        assert m(v) == pytest.approx(_law(v), rel=0.08)
+    # linear extrapolation in log-log space past the grid stays in the right range
+    far = {"requests": 16, "tokens": 512}
+    assert m(far) == pytest.approx(_law(far), rel=0.25)
+    # a constant signature (no request symbol) is its single point
+    assert SignatureModel((), [({}, 3e-6)])({"requests": 7}) == pytest.approx(3e-6)
+
+
+def test_incomplete_grid_still_predicts() -> None:
+    pts = _grid_points(("requests", "tokens"))
+    pts = [(p, t) for p, t in pts if not (p["requests"] == 8 and p["tokens"] == 256)]
+    m = SignatureModel(("requests", "tokens"), pts)
+    assert math.isfinite(m({"requests": 8, "tokens": 256}))
+
+
+def test_method_choice_uses_held_out_error() -> None:
+    pts = {f"s{i}": _grid_points(("requests", "tokens")) for i in range(3)}
+    errs = method_errors(pts)
+    assert errs["interp"] and errs["forest"]
+    # smooth affine latencies: interpolation beats a forest (which cannot interpolate between leaves)
+    assert np.mean(errs["interp"]) < np.mean(errs["forest"])
+    assert choose_method(pts) == "interp"
+    assert len(holdout_errors(("tokens",), _grid_points(("tokens",)), "interp")) == 3  # interior grid lines
+
+
+def test_overhead_fit_recovers_a_known_law() -> None:
+    rows = []
+    for n in (500, 1500, 3000):
+        for r in (1, 4, 16):
+            ops = 1e-3 * n / 500 * r
+            v = {"requests": r, "tokens": 8}
+            real = 1.1 * ops + 2e-6 * n + 1e-4
+            rows.append(("prefill", ops, n, v, real))
+    ov = OverheadModel.fit(rows)
+    for _, ops, n, v, real in rows:
+        assert ov("prefill", ops, n, v) == pytest.approx(real, rel=0.02)
+    assert ov("decode", 0.5, 100, {}) == 0.5  # no forwards for a phase: the op sum alone
+
+
+def _predictor(method: str = "interp") -> Predictor:
+    traces = tiny_traces(tiny_config("tiny-a"))
+    pts = {}
+    for tr in traces.values():
+        for s in tr.unique():
+            pts[s.key] = _grid_points(tuple(sorted(s.symbols())))
+    return Predictor("tiny-a", traces, pts, method)
+
+
+def test_forward_is_the_sum_over_the_trace_with_multiplicities() -> None:
+    p = _predictor()
+    v = {"requests": 2, "tokens": 16}
+    expect = sum(mult * _law({k: v[k] for k in s.symbols()}) for s, mult in p.traces["prefill"].unique().items())
+    assert p.ops_latency("prefill", v) == pytest.approx(expect, rel=1e-6)
+    assert p.forward_latency("prefill", v) == pytest.approx(expect, rel=1e-6)  # no overhead fitted
+    assert not any(p.missing.values())
+
+
+def test_iteration_latency_composes_chunks_and_decodes() -> None:
+    p = _predictor()
+    b = Batch(prefill=((16, 0), (4, 32)), decode=(64, 256, 100))
+    expect = (
+        p.forward_latency("prefill", {"requests": 1, "tokens": 16})
+        + p.forward_latency("prefill", {"requests": 1, "tokens": 4})
+        + p.forward_latency("decode", {"requests": 3, "kv_len": 256})
+    )
+    assert p.iteration_latency(b) == pytest.approx(expect)
+    assert p.iteration_latency(Batch()) == 0.0
+    assert p.iteration_latency(Batch(decode=(10,))) < p.iteration_latency(Batch(decode=(10, 10, 10, 10)))
+    f = _predictor("forest")
+    assert f.iteration_latency(b) == pytest.approx(expect, rel=0.5)
+
+
+def test_missing_db_and_missing_signatures_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(DoolyError, match="no such profile database"):
+        Predictor.for_model(tiny_config("tiny-a"), tmp_path / "absent.db")
+    from test_profile_fixtures import seed_traces
+
+    db = tmp_path / "p.db"
+    seed_traces(db, tiny_config("tiny-a"))
+    with pytest.raises(DoolyError, match="have no profile"):
+        Predictor.for_model(tiny_config("tiny-a"), db, threads=1)
+
+
+def test_batch_validates() -> None:
+    with pytest.raises(ValueError):
+        Batch(prefill=((0, 0),))
+    with pytest.raises(ValueError):
+        Batch(decode=(-1,))
+    b = Batch(prefill=((5, 3),), decode=(7, 8))
+    assert b.num_tokens == 7 and b.num_requests == 3 and not b.is_empty
