@@ -24,7 +24,9 @@ import os
 import shutil
 import subprocess
 import warnings
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,6 +40,7 @@ from tracesynth.io.syscalls import lookup_numbers
 from tracesynth.trace import SCHEMA, Trace
 
 BLOCK_BYTES = 16 << 20
+PARSE_THREADS = 2  # blocks parsed concurrently (the machine this targets has 2 cores)
 # The fields read_perf_data asks `perf script` for; read_perf_script also accepts perf's default
 # layout (optionally with pid/tid and a sample period before the event name).
 PERF_SCRIPT_FIELDS = "trace:comm,tid,cpu,time,event,trace"
@@ -217,8 +220,12 @@ class _Block:
         )
 
 
-def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | None, int]:
-    """Parse whole lines of perf script text; returns (columns, number of lines skipped)."""
+def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
+    """Parse whole lines of perf script text; returns (block-local columns, number of lines skipped).
+
+    Thread-safe (no shared state): event and comm codes index the block's own name lists, and
+    raw syscall rows carry their number; _finish_block maps them onto the reader's vocabularies.
+    """
     # Zero padding on both sides lets every fixed-width window read past a malformed line's ends.
     buf = np.frombuffer(bytes(_LPAD) + data + bytes(_PAD), dtype=np.uint8)
     nl = np.flatnonzero(buf[_LPAD : _LPAD + len(data)] == _NL) + _LPAD
@@ -283,10 +290,10 @@ def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | N
         return None, skipped
     raw_codes, raw_names, _ = _strings(buf, e0, e1, _EVENT_WIDTH)
     comm_codes, comm_names, _ = _strings(buf, first, comm_last + 1, _COMM_WIDTH)
-    comm = comms.map(comm_names)[comm_codes]
-    event = events.map(canonical_event(r) for r in raw_names)[raw_codes]
     ret = np.zeros(n, dtype=np.int64)
     has_ret = np.zeros(n, dtype=bool)
+    sys_dir = np.zeros(n, dtype=np.int8)  # 1: raw_syscalls:sys_enter, 2: raw_syscalls:sys_exit
+    sys_nr = np.full(n, -1, dtype=np.int64)
     p0 = e1 + 2  # payload start after "event: "
     for k, raw in enumerate(raw_names):
         if raw in ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit"):
@@ -296,10 +303,8 @@ def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | N
             neg = buf[s] == _MINUS  # "NR -1": the kernel lost the number (restarted call): unknown
             e = _digits_forward(buf, s + neg, 8)
             nr, ok_nr = _parse_uint(buf, s + neg, e, 4)
-            nr = np.where(ok_nr & ~neg, nr, -1)
-            codes, names = lookup_numbers(nr)
-            prefix = "syscall_entry_" if raw.endswith("enter") else "syscall_exit_"
-            event[rows] = events.map(prefix + nm for nm in names)[codes]
+            sys_nr[rows] = np.where(ok_nr & ~neg, nr, -1)
+            sys_dir[rows] = 1 if raw.endswith("enter") else 2
             if raw.endswith("exit"):
                 r0 = e + 3  # " = "
                 minus = buf[r0] == _MINUS
@@ -313,7 +318,22 @@ def _parse_block(data: bytes, events: _Vocab, comms: _Vocab) -> tuple[_Block | N
             val, ok_r = _parse_hex(buf, p0[rows] + 2, ends[rows])
             ret[rows] = val
             has_ret[rows] = ok_r
-    return _Block(ts, event, cpu.astype(np.int32), tid, comm, ret, has_ret), skipped
+    cols = {"ts": ts, "cpu": cpu.astype(np.int32), "tid": tid, "ret": ret, "has_ret": has_ret}
+    cols.update(raw_codes=raw_codes, raw_names=raw_names, comm_codes=comm_codes, comm_names=comm_names)
+    cols.update(sys_dir=sys_dir, sys_nr=sys_nr)
+    return cols, skipped
+
+
+def _finish_block(cols: dict[str, Any], events: _Vocab, comms: _Vocab) -> _Block:
+    """Map a parsed block's local codes onto the reader's vocabularies (in block order)."""
+    event = events.map(canonical_event(r) for r in cols["raw_names"])[cols["raw_codes"]]
+    for d, prefix in ((1, "syscall_entry_"), (2, "syscall_exit_")):
+        rows = np.flatnonzero(cols["sys_dir"] == d)
+        if len(rows):
+            codes, names = lookup_numbers(cols["sys_nr"][rows])
+            event[rows] = events.map(prefix + nm for nm in names)[codes]
+    comm = comms.map(cols["comm_names"])[cols["comm_codes"]]
+    return _Block(cols["ts"], event, cols["cpu"], cols["tid"], comm, cols["ret"], cols["has_ret"])
 
 
 def _iter_blocks(stream: IO[bytes], block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
@@ -371,15 +391,31 @@ def _assemble(blocks: list[_Block], events: _Vocab, comms: _Vocab, metadata: dic
 def parse_perf_script_stream(
     stream: IO[bytes], source: str | Path, metadata: dict[str, Any] | None = None, block_bytes: int = BLOCK_BYTES
 ) -> Trace:
-    """Parse `perf script` text from a binary stream, block by block (memory ~ one block + the table)."""
+    """Parse `perf script` text from a binary stream, block by block (memory ~ a few blocks + the table).
+
+    Blocks are parsed on a small thread pool (numpy releases the GIL), at most `workers + 1` in
+    flight, and folded into the table in file order.
+    """
     events, comms = _Vocab(), _Vocab()
     blocks: list[_Block] = []
     skipped = 0
-    for data in _iter_blocks(stream, block_bytes):
-        block, bad = _parse_block(data, events, comms)
-        skipped += bad
-        if block is not None:
-            blocks.append(block)
+    workers = max(1, min(PARSE_THREADS, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque[Future] = deque()
+
+        def fold(fut: Future) -> None:
+            nonlocal skipped
+            cols, bad = fut.result()
+            skipped += bad
+            if cols is not None:
+                blocks.append(_finish_block(cols, events, comms))
+
+        for data in _iter_blocks(stream, block_bytes):
+            pending.append(pool.submit(_parse_block, data))
+            while len(pending) > workers:
+                fold(pending.popleft())
+        while pending:
+            fold(pending.popleft())
     n = sum(len(b.ts) for b in blocks)
     if n == 0:
         what = f"{skipped} unparseable line(s)" if skipped else "no lines"
