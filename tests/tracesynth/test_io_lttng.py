@@ -19,7 +19,17 @@ import pytest
 
 from tracesynth.errors import TraceSynthError
 from tracesynth.io import detect_format, read_trace
-from tracesynth.io.babeltrace import Field, _unescape, ctf_metadata, import_bt2, iter_ctf_batches
+from tracesynth.io.babeltrace import (
+    _PRETTY_PARAMS,
+    Field,
+    _lines_from_block,
+    _unescape,
+    ctf_metadata,
+    import_bt2,
+    iter_ctf_batches,
+    parse_pretty_block,
+    parse_pretty_lines_regex,
+)
 from tracesynth.io.ctf_writer import write_ctf
 from tracesynth.io.lttng import read_lttng
 from tracesynth.trace import Trace
@@ -78,6 +88,51 @@ def test_stream_yields_requested_fields(tmp_path: Path) -> None:
     assert table["procname"].to_pylist()[5] == 'we"ird\\name'
     assert table["ctx_tid"].to_pylist()[0] == -1
     assert table["absent_field"].null_count == len(trace)
+
+
+ALL_KINDS = [
+    Field("ret", scope="payload"),
+    Field("prev_tid", scope="payload", events=("sched_switch",)),
+    Field("next_comm", kind="str", scope="payload", events=("sched_switch",)),
+    Field("prev_comm", kind="str", scope="payload", events=("sched_switch",)),
+    Field("tid", scope="context", column="ctx_tid"),
+    Field("procname", kind="str", scope="context"),
+    Field("tid", column="any_tid"),
+    Field("tid", scope="payload", column="payload_tid"),
+    Field("hrtimer"),
+    Field("name", kind="str"),
+    Field("comm", kind="str"),
+    Field("fd"),
+    Field("filename", kind="str", scope="payload"),
+]
+
+
+def _pretty_text(path: Path) -> bytes:
+    cmd = ["babeltrace2", str(path), "-c", "sink.text.pretty", "-p", _PRETTY_PARAMS]
+    return subprocess.run(cmd, capture_output=True, check=True).stdout
+
+
+def _assert_parsers_agree(text: bytes) -> None:
+    fast = parse_pretty_block(text, ALL_KINDS)
+    ref = parse_pretty_lines_regex(_lines_from_block(text), ALL_KINDS)
+    assert fast.schema.names == ref.schema.names
+    for name in fast.schema.names:
+        a, b = fast[name], ref[name]
+        if pa.types.is_dictionary(a.type):
+            a, b = a.cast(pa.string()), b.cast(pa.string())
+        assert a.equals(b), name
+
+
+def test_fast_parser_matches_regex_reference(tmp_path: Path) -> None:
+    trace = small_trace()
+    write_ctf(trace, tmp_path / "ctx")
+    write_ctf(trace, tmp_path / "plain", context=False)
+    for d in ("ctx", "plain"):
+        _assert_parsers_agree(_pretty_text(tmp_path / d))
+
+
+def test_fast_parser_matches_regex_reference_on_wget(lttng_wget: Path) -> None:
+    _assert_parsers_agree(_pretty_text(lttng_wget))  # hex ints, enums, nested payloads, long strings
 
 
 def test_unescape_matches_babeltrace2_escapes() -> None:

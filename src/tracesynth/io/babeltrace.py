@@ -208,7 +208,51 @@ def ctf_metadata(path: str | Path) -> dict[str, Any]:
         "clocks": clocks,
         "uuid": m.group(1) if m else None,
         "context_fields": sorted(_context_field_names(text)),
+        "event_fields": _event_field_names(text),
     }
+
+
+_EVENT_BLOCK = re.compile(r"^event\s*\{(.*?)^\};", re.S | re.M)
+
+
+def _event_field_names(text: str) -> dict[str, set[str]]:
+    """Event name -> payload field names (leading '_' stripped), from the TSDL event blocks."""
+    out: dict[str, set[str]] = {}
+    for block in _EVENT_BLOCK.findall(text):
+        m = re.search(r'\bname\s*=\s*"((?:[^"\\]|\\.)*)"\s*;', block)
+        if not m:
+            continue
+        names = out.setdefault(_unescape(m.group(1)), set())
+        fm = re.search(r"fields\s*:=\s*struct\s*\{", block)
+        if fm:
+            body = _balanced_body(block, fm.end())
+            names.update(n[1:] if n.startswith("_") else n for n in _FIELD_NAME.findall(_strip_nested(body)))
+    return out
+
+
+_FIELD_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:\[[^\]]*\])*\s*;")
+
+
+def _balanced_body(text: str, start: int) -> str:
+    """Text from `start` (just after an opening brace) to its matching closing brace."""
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += (text[i] == "{") - (text[i] == "}")
+        i += 1
+    return text[start : i - 1]
+
+
+def _strip_nested(body: str) -> str:
+    """Drop nested { ... } blocks (type bodies), keeping the field declarations at this level."""
+    out, depth = [], 0
+    for ch in body:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
 
 
 def _context_field_names(text: str) -> set[str]:
@@ -250,7 +294,11 @@ def _ints(strings: pa.Array) -> pa.Array:
     """Decimal/hex strings (nulls kept) -> int64; hex above 2**63 wraps like C's int64 cast."""
     hexmask = pc.starts_with(strings, "0x")
     if not pc.any(hexmask).as_py():
-        return pc.cast(strings, pa.int64())
+        try:
+            return pc.cast(strings, pa.int64())
+        except pa.ArrowInvalid:  # a uint64 above 2**63: wrap like C's int64 cast (rare)
+            vals = [None if v is None else ((int(v) + (1 << 63)) % (1 << 64)) - (1 << 63) for v in strings.to_pylist()]
+            return pa.array(vals, type=pa.int64())
     dec = pc.cast(pc.if_else(hexmask, pa.scalar(None, pa.string()), strings), pa.int64())
     hexes = strings.filter(hexmask).to_pylist()
     vals = np.array([int(h, 16) & 0xFFFFFFFFFFFFFFFF for h in hexes], dtype=np.uint64).view(np.int64)
@@ -276,10 +324,352 @@ def _with_parent_nulls(extracted: pa.StructArray, name: str) -> pa.Array:
 
 
 # -- parsing ------------------------------------------------------------------------------------
-def parse_pretty_lines(
+def _horner(mat: np.ndarray, ndigits: np.ndarray) -> np.ndarray:
+    """Integers from rows of digit values (0..9), using the first `ndigits[i]` columns of row i."""
+    val = np.zeros(len(mat), dtype=np.int64)
+    for j in range(mat.shape[1] if len(mat) else 0):
+        take = j < ndigits
+        val = np.where(take, val * 10 + mat[:, j].astype(np.int64), val)
+    return val
+
+
+_PAD = 64  # zero bytes after every block, so fixed-width windows never run off the end
+
+
+def _gather(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """Rows buf[pos[i] : pos[i] + width] as an (n, width) uint8 matrix (row copies, no index matrix)."""
+    windows = np.lib.stride_tricks.sliding_window_view(buf, width)
+    return windows[np.clip(pos, 0, len(windows) - 1)]
+
+
+def _ints_at(buf: np.ndarray, pos: np.ndarray, stop: int = 44, with_end: bool = False) -> Any:
+    """Decimal integers at byte positions `pos` -> (values, ok); not ok: hex, enum, overflow.
+
+    A number must end at `stop` (default ','), a space, a newline or '}'. With with_end, also
+    returns the position just after each number.
+    """
+    if len(pos) == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return (z, z.astype(bool), z) if with_end else (z, z.astype(bool))
+    neg = buf[pos] == 45  # '-'
+    p = pos + neg
+    width = 12  # most numbers are short: widen only if one fills the window
+    digits = _gather(buf, p, width) - np.uint8(48)  # uint8: non-digits wrap above 9
+    isdigit = digits <= 9
+    if isdigit.all(axis=1).any():
+        width = 19
+        digits = _gather(buf, p, width) - np.uint8(48)
+        isdigit = digits <= 9
+    nd = np.where(isdigit.all(axis=1), width, np.argmin(isdigit, axis=1))
+    after = buf[np.minimum(p + nd, len(buf) - 1)]
+    ok = (nd >= 1) & (nd <= 18) & ((after == stop) | (after == 32) | (after == 10) | (after == 125))
+    nd = np.where(ok, nd, 0)
+    val = _horner(digits[:, : int(nd.max())], nd)
+    val = np.where(neg, -val, val)
+    return (val, ok, p + nd) if with_end else (val, ok)
+
+
+def _strings_from_segments(buf: np.ndarray, start: np.ndarray, length: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """A string array of buf[start:start+length] per row (copied contiguous), null where not valid."""
+    n = len(start)
+    length = np.where(valid, length, 0)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(length, out=offsets[1:])
+    total = int(offsets[-1])
+    width = int(length.max()) if n else 0
+    if total == 0:
+        data = np.zeros(0, np.uint8)
+    elif width <= _PAD:  # fixed-width row copies, then keep each row's first `length` bytes
+        data = _gather(buf, start, width)[np.arange(width) < length[:, None]]
+    else:
+        data = buf[np.repeat(start - offsets[:-1], length) + np.arange(total)]
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data), bitmap)
+
+
+class _Block:
+    """One block of babeltrace2 pretty lines, parsed with numpy/arrow searches instead of regex captures."""
+
+    def __init__(self, lines: pa.StringArray) -> None:
+        """`lines`: each element one whole line with its newline, offset 0, no nulls."""
+        _, offsets, data = lines.buffers()
+        self.lines = lines
+        self.n = len(lines)
+        off = np.frombuffer(offsets, dtype=np.int32, count=self.n + 1).astype(np.int64)
+        self.buf = np.zeros(int(off[-1]) + _PAD, dtype=np.uint8)
+        if self.n:
+            self.buf[: int(off[-1])] = np.frombuffer(data, dtype=np.uint8, count=int(off[-1]))
+        self.starts = off[:-1]
+        self.ends = off[1:] - 1  # the newline
+        self._finds: dict[str, np.ndarray] = {}
+        self._quotes: np.ndarray | None = None
+        self._backslashes: np.ndarray | None = None
+        self._closers: np.ndarray | None = None
+        self._name_end: np.ndarray | None = None
+        self.scope_cache: dict[str, np.ndarray] | None = None
+        self.cursor: dict[str, np.ndarray] = {}  # per scope: where the field after the last parsed one starts
+        self._subs: dict[tuple[str, ...], tuple[_Block, np.ndarray]] = {}
+
+    @classmethod
+    def from_bytes(cls, block: bytes) -> _Block:
+        buf = np.frombuffer(block, dtype=np.uint8)
+        nl = np.flatnonzero(buf == 10)
+        offsets = np.empty(len(nl) + 1, dtype=np.int32)
+        offsets[0] = 0
+        offsets[1:] = nl + 1
+        return cls(pa.StringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(block)))
+
+    def subset(self, key: tuple[str, ...], rows: np.ndarray) -> tuple[_Block, np.ndarray]:
+        """A block of only the selected lines (cached per event filter) and their row numbers."""
+        if key not in self._subs:
+            idx = np.flatnonzero(rows)
+            sub = _Block(self.lines.take(pa.array(idx)))
+            sub._name_end = self.name_end[idx] - self.starts[idx] + sub.starts
+            self._subs[key] = (sub, idx)
+        return self._subs[key]
+
+    def find(self, needle: str) -> np.ndarray:
+        """Relative position of the first `needle` in each line (-1 if absent)."""
+        if needle not in self._finds:
+            self._finds[needle] = pc.find_substring(self.lines, needle).to_numpy().astype(np.int64)
+        return self._finds[needle]
+
+    @property
+    def quotes(self) -> np.ndarray:
+        if self._quotes is None:
+            self._quotes = np.flatnonzero(self.buf == 34)
+        return self._quotes
+
+    @property
+    def name_end(self) -> np.ndarray:
+        """Absolute position of the ':' that ends each line's event name."""
+        if self._name_end is None:
+            colon = self.find(": ")
+            self._name_end = np.where(colon >= 0, self.starts + colon, self.ends - 1)
+        return self._name_end
+
+    def find_rows(self, needle: str, rows: np.ndarray) -> np.ndarray:
+        """Like find() but only for the selected rows (-1 elsewhere); searches a subset when sparse."""
+        if needle in self._finds or rows.mean() > 0.5:
+            return np.where(rows, self.find(needle), -1)
+        out = np.full(self.n, -1, dtype=np.int64)
+        idx = np.flatnonzero(rows)
+        if len(idx):
+            out[idx] = pc.find_substring(self.lines.take(pa.array(idx)), needle).to_numpy().astype(np.int64)
+        return out
+
+    @property
+    def closers(self) -> np.ndarray:
+        """Positions of every '}' in the block."""
+        if self._closers is None:
+            self._closers = np.flatnonzero(self.buf == 125)
+        return self._closers
+
+    @property
+    def backslashes(self) -> np.ndarray:
+        if self._backslashes is None:
+            self._backslashes = np.flatnonzero(self.buf == 92)
+        return self._backslashes
+
+
+def parse_pretty_block(block: bytes, fields: Sequence[Field] = (), source: str | Path | None = None) -> pa.RecordBatch:
+    """Parse whole lines of our sink.text.pretty output into a RecordBatch (ts, event, cpu, *fields).
+
+    Positions come from arrow's substring search and values from numpy digit arithmetic; rows
+    the fast path cannot decode (hex or enum integers, escaped strings, odd scopes) go through
+    the regex parser, so the result always equals parse_pretty_lines_regex's.
+    """
+    b = _Block.from_bytes(block)
+    n, buf, starts = b.n, b.buf, b.starts
+    if n == 0:
+        return empty_batch(fields)
+    neg = buf[np.minimum(starts + 1, len(buf) - 1)] == 45
+    dot = starts + b.find(".")
+    sec, sec_ok = _ints_at(buf, starts + 1 + neg, stop=46)  # seconds end at the '.'
+    nsm = _gather(buf, dot + 1, 9) - np.uint8(48)
+    good = (
+        (buf[starts] == 91)
+        & sec_ok
+        & (b.find(".") > 0)
+        & (buf[np.minimum(dot + 10, len(buf) - 1)] == 93)
+        & (buf[np.minimum(dot + 11, len(buf) - 1)] == 32)
+        & (nsm <= 9).all(axis=1)
+    )
+    colon = b.find(": ")
+    name_end = np.where(colon >= 0, starts + colon, b.ends - 1)
+    b._name_end = name_end
+    name_start = dot + 12
+    good &= (name_end > name_start) & (buf[np.minimum(name_end, len(buf) - 1)] == 58)
+    if not good.all():  # not our layout: let the regex parser decide (it names the bad line)
+        return parse_pretty_lines_regex(b.lines, fields, source)
+    ts = sec * 1_000_000_000 + _horner(nsm, np.full(n, 9))
+    ts = np.where(neg, -ts, ts)
+    names = _strings_from_segments(buf, name_start, name_end - name_start, np.ones(n, dtype=bool))
+    event = pc.dictionary_encode(names).cast(_DICT)
+    cpu_key = np.frombuffer(b"stream.packet.context = { cpu_id = ", dtype=np.uint8)
+    has_cpu = (_gather(buf, name_end + 2, len(cpu_key)) == cpu_key).all(axis=1)  # right after the name
+    cpu_val, cpu_ok = _ints_at(buf, np.where(has_cpu, name_end + 2 + len(cpu_key), 0))
+    cpu = pa.array(cpu_val.astype(np.int32), mask=~(has_cpu & cpu_ok))
+    cols: dict[str, pa.Array] = {"ts": pa.array(ts, type=pa.int64()), "event": event, "cpu": cpu}
+    dict_names = event.dictionary.to_pylist()
+    codes = event.indices.to_numpy(zero_copy_only=False)
+    for f in fields:
+        cols[f.out] = _fast_field(b, f, dict_names, codes)
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def _fast_field(b: _Block, f: Field, names: list[str], codes: np.ndarray) -> pa.Array:
+    type_ = pa.int64() if f.kind == "int" else _DICT
+    if f.events is None:
+        return _field_values(b, f)
+    wanted = [i for i, nm in enumerate(names) if any(fnmatch.fnmatchcase(nm, p) for p in f.events)]
+    if not wanted:
+        return pa.nulls(b.n, type=type_)
+    rows = np.isin(codes, wanted)
+    if rows.all():
+        return _field_values(b, f)
+    # search only the selected lines (a substring search costs the whole line where it fails)
+    sub, idx = b.subset(f.events, rows)
+    vals = _field_values(sub, f)
+    where = np.full(b.n, -1, dtype=np.int64)
+    where[idx] = np.arange(len(idx))
+    return vals.take(pa.array(where, mask=where < 0))
+
+
+def _expect(buf: np.ndarray, pos: np.ndarray, literal: bytes) -> np.ndarray:
+    """Rows whose bytes at `pos` spell `literal` (False where pos < 0)."""
+    lit = np.frombuffer(literal, dtype=np.uint8)
+    return (pos >= 0) & (_gather(buf, pos, len(lit)) == lit).all(axis=1)
+
+
+_PACKET_CTX = b"stream.packet.context = { "
+_EVENT_CTX = b"stream.event.context = { "
+_PAYLOAD = b"event.fields = { "
+
+
+def _first_after(sorted_pos: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The first element of sorted_pos at or after each pos (a huge value when none)."""
+    if len(sorted_pos) == 0:
+        return np.full(len(pos), np.iinfo(np.int64).max)
+    i = np.searchsorted(sorted_pos, pos)
+    return np.where(i < len(sorted_pos), sorted_pos[np.minimum(i, len(sorted_pos) - 1)], np.iinfo(np.int64).max)
+
+
+def _scopes(b: _Block) -> dict[str, np.ndarray]:
+    """Where each line's scopes are, from the layout: packet context, stream event context, payload.
+
+    Returns absolute positions (-1 when absent): `ctx` / `ctx_end` (the stream event context's
+    first field and closing brace), `pay` (the payload's first field), and `known` (rows whose
+    layout was fully recognised; the others are searched for their fields).
+    """
+    if b.scope_cache is not None:
+        return b.scope_cache
+    buf, ends = b.buf, b.ends
+    closers = b.closers
+    cur = b.name_end + 2
+    done = cur > ends  # "name:" with nothing after it
+
+    def close_scope(open_: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(closing brace, next scope start, line ends after it) for rows whose scope opens at start."""
+        close = _first_after(closers, start)
+        close = np.where(open_ & (close < ends), close, -1)
+        after = np.where(close >= 0, close + 1, 0)
+        at_end = open_ & (close >= 0) & (buf[after] == 10)
+        more = open_ & (close >= 0) & (buf[after] == 44) & (buf[after + 1] == 32)
+        return close, np.where(more, after + 2, -1), at_end
+
+    pk = ~done & _expect(buf, cur, _PACKET_CTX)
+    _, nxt, pk_end = close_scope(pk, cur)
+    done = done | pk_end
+    cur = np.where(pk, nxt, cur)
+    ev = ~done & _expect(buf, cur, _EVENT_CTX)
+    ctx = np.where(ev, cur + len(_EVENT_CTX), -1)
+    ctx_end, nxt, ev_end = close_scope(ev, cur)
+    done = done | ev_end
+    cur = np.where(ev, nxt, cur)
+    pf = ~done & _expect(buf, cur, _PAYLOAD)
+    pay = np.where(pf, cur + len(_PAYLOAD), -1)
+    b.scope_cache = {"ctx": ctx, "ctx_end": ctx_end, "pay": pay, "known": done | pf}
+    return b.scope_cache
+
+
+def _field_values(b: _Block, f: Field) -> pa.Array:
+    """Values of field `f` on every line of block `b` (null where absent).
+
+    Fast path: the field sits where the layout says (first in its scope, or right after the
+    field parsed before it in that scope). Other rows use a substring search; undecodable values
+    go to the regex.
+    """
+    n, buf, starts = b.n, b.buf, b.starts
+    sc = _scopes(b)
+    name_eq = f"{f.name} = ".encode()
+    cands = []
+    if f.scope in ("context", "any"):
+        cands += [b.cursor.get("context", np.full(n, -1)), sc["ctx"]]
+    if f.scope in ("payload", "any"):
+        cands += [b.cursor.get("payload", np.full(n, -1)), sc["pay"]]
+    hit = np.zeros(n, dtype=bool)
+    vpos = np.zeros(n, dtype=np.int64)
+    hit_scope = np.zeros(n, dtype=np.int8)  # 1 context, 2 payload
+    for i, c in enumerate(cands):
+        ok = ~hit & _expect(buf, c, name_eq)
+        vpos = np.where(ok, c + len(name_eq), vpos)
+        hit_scope = np.where(ok, 1 if (f.scope == "context" or (f.scope == "any" and i < 2)) else 2, hit_scope)
+        hit |= ok
+    # rows the layout did not settle: search for the key (only those rows)
+    search = ~hit & (~sc["known"] | (sc["ctx"] >= 0 if f.scope == "context" else sc["pay"] >= 0))
+    if f.scope == "any":
+        search = ~hit & (~sc["known"] | (sc["ctx"] >= 0) | (sc["pay"] >= 0))
+    key = f" {f.name} = "
+    slow = np.zeros(n, dtype=bool)
+    if search.any():
+        pos = b.find_rows(key, search)
+        found = search & (pos >= 0)
+        ab = starts + pos
+        if f.scope == "any":
+            in_scope = found
+        elif f.scope == "payload":
+            pay = np.where(sc["known"], sc["pay"], starts + b.find_rows("event.fields = {", found & ~sc["known"]))
+            in_scope = found & (pay >= starts) & (ab > pay)
+        else:
+            ctx = b.find_rows("event.context = {", found)
+            ctx_abs = starts + ctx
+            in_scope = found & (ctx >= 0) & (ab > ctx_abs) & (ab < _first_after(b.closers, ctx_abs))
+        slow |= found & ~in_scope  # a later occurrence may be in scope: ask the regex
+        vpos = np.where(in_scope, ab + len(key), vpos)
+        hit |= in_scope
+        hit_scope = np.where(in_scope, 1 if f.scope == "context" else 2, hit_scope)
+    vpos = np.where(hit, vpos, 0)
+    if f.kind == "int":
+        val, ok, vend = _ints_at(buf, vpos, with_end=True)
+        fast = hit & ok
+        slow |= hit & ~ok
+        out = pa.array(val, type=pa.int64(), mask=~fast)
+    else:
+        quoted = hit & (buf[vpos] == 34)
+        close = _first_after(b.quotes, vpos + 1)
+        escaped = (np.searchsorted(b.backslashes, close) - np.searchsorted(b.backslashes, vpos)) > 0
+        fast = quoted & (close < b.ends) & ~escaped
+        slow |= hit & ~fast
+        close = np.where(fast, close, vpos)
+        out = _strings_from_segments(buf, vpos + 1, close - vpos - 1, fast)
+        vend = close + 1
+    for code, scope in ((1, "context"), (2, "payload")):  # where the next field may start
+        b.cursor[scope] = np.where(fast & (hit_scope == code), vend + 2, -1)
+    if slow.any():
+        out = pc.replace_with_mask(out, pa.array(slow), _regex_values(b.lines, f, np.flatnonzero(slow)))
+    return out if f.kind == "int" else _dict_strings(out)
+
+
+def _regex_values(lines: pa.Array, f: Field, idx: np.ndarray) -> pa.Array:
+    raw = _struct_field(pc.extract_regex(lines.take(pa.array(idx)), f.pattern), "v")
+    return _ints(raw) if f.kind == "int" else raw
+
+
+def parse_pretty_lines_regex(
     lines: pa.Array, fields: Sequence[Field] = (), source: str | Path | None = None
 ) -> pa.RecordBatch:
-    """Parse a block of sink.text.pretty lines (our parameter set) into a RecordBatch."""
+    """Reference parser: the same result as parse_pretty_block, by regex (slower; used as fallback)."""
     hdr = pc.extract_regex(lines, _HEADER)
     if hdr.null_count:
         bad = int(np.flatnonzero(pc.is_null(hdr).to_numpy(zero_copy_only=False))[0])
@@ -398,7 +788,7 @@ def iter_ctf_batches(
                         if done and not block.endswith(b"\n"):
                             block += b"\n"
                             cut += 1
-                        batch = parse_pretty_lines(_lines_from_block(block[:cut]), fields, path)
+                        batch = parse_pretty_block(block[:cut], fields, path)
                         if on_progress is not None:
                             on_progress(batch.num_rows)
                         yield batch

@@ -26,6 +26,7 @@ per-CPU state is carried from block to block, so memory holds only the compact r
 
 from __future__ import annotations
 
+import glob
 import json
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ def _merged_metadata(dirs: list[Path]) -> dict[str, Any]:
         "clocks": first["clocks"],
         "context_fields": set().union(*(i["context_fields"] for i in infos)),
         "tracesynth": all(i["env"].get("tracesynth") == 1 for i in infos),
+        "ret_events": {n for i in infos for n, fs in i["event_fields"].items() if "ret" in fs},
     }
 
 
@@ -168,13 +170,16 @@ def read_lttng(path: str | Path) -> Trace:
     info = _merged_metadata(dirs)
     ctx = info["context_fields"]
     ours = info["tracesynth"]
+    # ret: syscall exits; in our own traces every event class that declares a `ret` field
+    ret_events = tuple(sorted(glob.escape(n) for n in info["ret_events"])) if ours else SYSCALL_EXITS
     switch = ("sched_switch",)
     fields = [
-        Field("ret", scope="payload", events=None if ours else SYSCALL_EXITS),
-        Field("prev_tid", scope="payload", events=switch),
-        Field("next_tid", scope="payload", events=switch),
+        Field("ret", scope="payload", events=ret_events),
+        # in lttng-modules' payload order: each field is then found right after the one before
         Field("prev_comm", kind="str", scope="payload", events=switch),
+        Field("prev_tid", scope="payload", events=switch),
         Field("next_comm", kind="str", scope="payload", events=switch),
+        Field("next_tid", scope="payload", events=switch),
     ]
     has_ctx_tid, has_ctx_comm = "tid" in ctx, "procname" in ctx
     if has_ctx_tid:

@@ -1,0 +1,148 @@
+"""CTF ingestion speed and memory (issue target: >= 300k events/s, memory flat in trace length).
+
+Builds large LTTng-style kernel CTF traces under /tmp with the project's CTF writer, by tiling the
+real wget trace from ../shared (timestamps shifted tile by tile) or, where it is absent, a
+synthetic trace; by default without tid/procname context, like a plain lttng-modules session, so
+threads are derived from sched_switch. Then, each in a fresh subprocess, at two trace lengths:
+
+- `babeltrace2 TRACE > /dev/null`: the babeltrace2 CLI's own text rate (the reference);
+- `stream`: tracesynth.io.babeltrace.iter_ctf_batches with read_lttng's fields, batches dropped;
+- `read_lttng`: the whole reader, building the Trace table.
+
+For each: wall-clock events/s, the ratio to babeltrace2's wall rate measured in the same run, CPU
+seconds (ours and babeltrace2's child process), and peak RSS of the Python process. The machine's
+2 cores are shared, so wall rates move with the load; `cpu-bound` is events / max(our CPU,
+babeltrace2's CPU): the rate when the pipeline's two processes each have a core.
+
+    .venv/bin/python bench/bench_ingest_ctf.py [--events 1000000 4000000] [--context] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WGET = REPO.parent / "shared" / "traces" / "lttng-wget-kernel"
+TARGET = 300_000
+
+
+def build_trace(dest: Path, n_events: int, context: bool) -> int:
+    """Write an n_events LTTng-style CTF trace at dest; return the event count."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tracesynth.io.ctf_writer import write_ctf
+    from tracesynth.trace import Trace
+
+    if WGET.exists():
+        from tracesynth.io.lttng import read_lttng
+
+        base = read_lttng(WGET)
+    else:  # a synthetic stand-in: 4 CPUs, switches, syscall pairs
+        rng = np.random.default_rng(0)
+        n = 20_000
+        names = np.array(["sched_switch", "syscall_entry_read", "syscall_exit_read", "irq_handler_entry"])
+        event = names[rng.integers(0, 4, n)]
+        ret = np.where(event == "syscall_exit_read", rng.integers(-11, 4096, n), 0).astype(object)
+        ret[event != "syscall_exit_read"] = None
+        base = Trace.from_columns(
+            np.cumsum(rng.integers(100, 5000, n)), event, rng.integers(0, 4, n), rng.integers(1, 500, n),
+            [f"proc{t % 50}" for t in rng.integers(1, 500, n)], ret,
+        )  # fmt: skip
+    span = int(base.duration_ns) + 1_000
+    tiles = -(-n_events // len(base))
+    table = pa.concat_tables(
+        [base.table.set_column(0, "ts", pa.array(base.ts + k * span)) for k in range(tiles)]
+    ).slice(0, n_events)
+    big = Trace(table.unify_dictionaries().combine_chunks(), base.metadata, validate=False)
+    write_ctf(big, dest, context=context)
+    return len(big)
+
+
+_CHILD = """
+import json, resource, sys, time
+from tracesynth.io.babeltrace import iter_ctf_batches, Field
+from tracesynth.io.lttng import read_lttng
+mode, path = sys.argv[1], sys.argv[2]
+t0 = time.perf_counter(); c0 = time.process_time()
+if mode == "read_lttng":
+    n = len(read_lttng(path))
+else:
+    sw = ("sched_switch",)
+    fields = [Field("ret", scope="payload", events=("syscall_exit_*",)),
+              Field("prev_tid", scope="payload", events=sw), Field("next_tid", scope="payload", events=sw),
+              Field("prev_comm", kind="str", scope="payload", events=sw),
+              Field("next_comm", kind="str", scope="payload", events=sw)]
+    n = sum(b.num_rows for b in iter_ctf_batches(path, fields))
+wall = time.perf_counter() - t0
+cpu = time.process_time() - c0
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"events": n, "wall": wall, "cpu": cpu, "child_cpu": kids.ru_utime + kids.ru_stime,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def measure(mode: str, path: Path) -> dict:
+    if mode == "babeltrace2":
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            ["bash", "-c", 'TIMEFORMAT="%U %S"; { time babeltrace2 "$1" > /dev/null; } 2>&1 | tail -1', "_", str(path)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        wall = time.perf_counter() - t0
+        user, sys_ = (float(x) for x in proc.stdout.split()[-2:])
+        return {"wall": wall, "cpu": 0.0, "child_cpu": user + sys_, "rss_mb": float("nan")}
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, nargs="+", default=[1_000_000, 4_000_000])
+    ap.add_argument("--context", action="store_true", help="write tid/procname context fields (lttng add-context)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated traces under /tmp")
+    args = ap.parse_args()
+    if shutil.which("babeltrace2") is None:
+        sys.exit("babeltrace2 is not installed (apt-get install babeltrace2)")
+    work = Path(tempfile.mkdtemp(prefix="tracesynth-bench-ctf-"))
+    src = "tiled ../shared/traces/lttng-wget-kernel" if WGET.exists() else "synthetic"
+    print(f"source: {src}; context fields: {'tid, procname' if args.context else 'none (derived)'}; work dir {work}")
+    print(
+        f"{'events':>10} {'size MB':>8} {'mode':>12} {'wall s':>7} {'events/s':>10} {'vs bt2':>7} "
+        f"{'our CPU s':>9} {'bt2 CPU s':>9} {'cpu-bound ev/s':>14} {'peak RSS MB':>11}"
+    )
+    try:
+        for n in args.events:
+            path = work / f"trace-{n}"
+            n = build_trace(path, n, args.context)
+            size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
+            ref = None
+            for mode in ("babeltrace2", "stream", "read_lttng"):
+                r = measure(mode, path)
+                rate = n / r["wall"]
+                ref = ref or rate
+                bound = n / max(r["cpu"], r["child_cpu"])
+                print(
+                    f"{n:>10,} {size:>8.1f} {mode:>12} {r['wall']:>7.2f} {rate:>10,.0f} {rate / ref:>7.2f} "
+                    f"{r['cpu']:>9.2f} {r['child_cpu']:>9.2f} {bound:>14,.0f} {r['rss_mb']:>11.0f}",
+                    flush=True,
+                )
+            if not args.keep:
+                shutil.rmtree(path)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"target: >= {TARGET:,} events/s for read_lttng; peak RSS should grow far slower than the trace")
+
+
+if __name__ == "__main__":
+    main()
