@@ -31,14 +31,15 @@ def _run(args: list[str], console: Console) -> None:
         raise DoolyError(f"demo step `dooly {' '.join(args)}` failed (exit {proc.returncode})")
 
 
-def run_demo(workdir: str | Path, quick: bool = False) -> Path:
-    """Run every step into `workdir`; returns the report path."""
+def run_demo(workdir: str | Path, quick: bool = False, grid: str = "tiny") -> Path:
+    """Run every step into `workdir`; returns the report path. `grid` is the profiler's request-value grid
+    (``tiny`` keeps the demo to minutes on two shared cores; ``default`` is the accurate one)."""
     console = Console(stderr=True)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / "profiles.db"
     models = SMALL_MODELS[:2] if quick else SMALL_MODELS
-    _run(["profile", *models, "--db", str(db)], console)
+    _run(["profile", *models, "--db", str(db), "--grid", grid], console)
     workload = "poisson:n=8,rate=4,prompt=16-64,output=4-8,seed=0" if quick else VALIDATE_WORKLOAD
     _run(["validate-serving", VALIDATE_MODEL, "--db", str(db), "--workload", workload], console)
     _run(
@@ -47,5 +48,6 @@ def run_demo(workdir: str | Path, quick: bool = False) -> Path:
         console,
     )  # fmt: skip
     report = workdir / "dooly-report.html"
+    _run(["export-vidur", VALIDATE_MODEL, "--db", str(db), "-o", str(workdir / "vidur" / VALIDATE_MODEL)], console)
     _run(["report", "--db", str(db), "-o", str(report)], console)
     return report

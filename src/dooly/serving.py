@@ -2,7 +2,8 @@
 
 The loop is the simulator's, with the clock made real: the same :class:`ReplicaScheduler` decides every
 iteration (admission, chunks, KV blocks, preemption), then the iteration is *executed* on the model and
-timed with ``perf_counter``; requests join at their wall-clock arrival time. So measured and simulated
+timed; requests join at their arrival time on that clock (wall time, or the serving thread's CPU time
+on a shared machine: see :func:`serve`). So measured and simulated
 runs differ only in where an iteration's latency comes from, which is what validation must isolate.
 
 How one iteration runs on HF eager (what the predictor's ``Batch`` must describe):
@@ -196,8 +197,18 @@ def serve(
     threads: int | None = None,
     warmup: bool = True,
     on_iteration: Callable[[IterationRecord], None] | None = None,
+    clock: str = "wall",
 ) -> ServingResult:
-    """Serve `workload` on `model` in real time with `config`'s scheduling; per-request wall-clock metrics."""
+    """Serve `workload` on `model` with `config`'s scheduling; per-request metrics on the engine's clock.
+
+    ``clock="wall"``: requests arrive in real time and latencies are ``perf_counter`` differences, so other
+    processes on the machine show up in them. ``clock="thread"``: each iteration is timed with the serving
+    thread's CPU time (exact for a one-thread engine, where every kernel runs on that thread) and the run
+    follows a virtual clock advanced by those durations, jumping over idle gaps to the next arrival: the
+    timeline the engine would have on a core of its own. It matches profiles taken with the thread clock.
+    """
+    if clock not in ("wall", "thread"):
+        raise DoolyError(f"unknown clock {clock!r} (wall or thread)")
     if threads is not None:
         torch.set_num_threads(threads)
     max_len = int((workload.prompt + workload.output).max()) + 1
@@ -210,12 +221,16 @@ def serve(
     iterations: list[IterationRecord] = []
     batches: list[ScheduledBatch] = []
     t0 = time.perf_counter()
+    virtual = 0.0
     while pending or sched.has_work:
-        now = time.perf_counter() - t0
+        now = time.perf_counter() - t0 if clock == "wall" else virtual
         while pending and pending[-1].arrival <= now:
             sched.add(pending.pop())
         if not sched.has_work:
-            time.sleep(max(0.0, pending[-1].arrival - now))
+            if clock == "wall":
+                time.sleep(max(0.0, pending[-1].arrival - now))
+            else:
+                virtual = pending[-1].arrival
             continue
         batch = sched.schedule()
         for req in batch.preempted:
@@ -223,8 +238,12 @@ def serve(
         for req, _ in batch.prefill:
             if req.first_scheduled is None:
                 req.first_scheduled = now
+        c0 = time.thread_time()
         executor.run(batch)
-        end = time.perf_counter() - t0
+        if clock == "wall":
+            end = time.perf_counter() - t0
+        else:
+            virtual = end = now + (time.thread_time() - c0)
         rec = IterationRecord(
             replica=0,
             start=now,

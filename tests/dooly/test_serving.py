@@ -98,3 +98,15 @@ def test_sliding_window_models_are_refused():
 
     with pytest.raises(DoolyError, match="full-attention"):
         serving.HFExecutor(model, 2, 64)
+
+
+def test_thread_clock_is_a_virtual_timeline(tiny_model):
+    # the second request arrives 1000 s later: the thread clock jumps the idle gap instead of sleeping
+    w = Workload(np.array([0.0, 1000.0]), np.array([12, 12]), np.array([4, 4]))
+    res = serving.serve(w, tiny_model, SchedulerConfig(), threads=1, warmup=False, clock="thread")
+    its = res.iterations
+    assert all(b.start >= a.end for a, b in zip(its, its[1:], strict=False))  # one iteration at a time
+    assert its[-1].end > 1000.0 and res.metrics.e2e.max() < 60.0
+    np.testing.assert_allclose(res.metrics.ttft[1], its[[i.start >= 1000 for i in its].index(True)].end - 1000.0)
+    with pytest.raises(serving.DoolyError, match="unknown clock"):
+        serving.serve(w, tiny_model, SchedulerConfig(), clock="sundial")

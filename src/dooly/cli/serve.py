@@ -175,7 +175,7 @@ def resolve_config(model: str) -> dict:
     return cfg.get("config", cfg) if isinstance(cfg, dict) else {}
 
 
-def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype: str) -> dict:
+def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype: str, clock: str) -> dict:
     """Serve `workload` on the real engine, simulate it from the profiles, return the result payload."""
     import numpy as np
 
@@ -191,7 +191,12 @@ def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"serving {len(w)} requests on {model}", total=int(w.output.sum()))
         measured = serve(
-            w, hf_model, cfg, threads=threads, on_iteration=lambda it: bar.advance(task, it.num_decode + it.num_prefill)
+            w,
+            hf_model,
+            cfg,
+            threads=threads,
+            on_iteration=lambda it: bar.advance(task, it.num_decode + it.num_prefill),
+            clock=clock,
         )
     simulated = run_sim(w, latency, cfg)
     v = compare(measured, simulated, latency)
@@ -202,6 +207,7 @@ def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype
         "workload": workload,
         "config": cfg.label(),
         "threads": threads,
+        "clock": clock,
         "table": v.rows,
         "iteration_mape": v.iteration_mape,
         "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
@@ -213,7 +219,7 @@ def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype
 def print_validation(payload: dict) -> None:
     table = Table(
         "metric", "measured p50 ms", "sim p50 ms", "measured mean ms", "sim mean ms", "per-request MAPE",
-        title=f"{payload['model']}: {payload['workload']} ({payload['config']})",
+        title=f"{payload['model']}: {payload['workload']} ({payload['config']}, {payload['clock']} clock)",
     )  # fmt: skip
     for r in payload["table"]:
         table.add_row(r["metric"], _ms(r["measured_p50"]), _ms(r["simulated_p50"]), _ms(r["measured_mean"]),
@@ -236,14 +242,21 @@ def validate_serving(
         None, help="torch threads for the real engine (default: DOOLY_THREADS or 1, as the profiler)."
     ),
     dtype: str = typer.Option("bfloat16", help="Engine dtype (match the profiling run)."),
+    clock: str = typer.Option(
+        None, help="wall, or thread (serving thread's CPU time); default: the clock the profiles were taken with."
+    ),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
     from dooly.profiler import default_threads
     from dooly.report import save_result
 
     threads = threads if threads is not None else default_threads()
+    if clock is None:
+        from dooly.profiler import default_clock
+
+        clock = default_clock("cpu", threads)
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
-    payload = run_validation(model, db, workload, cfg, threads, dtype)
+    payload = run_validation(model, db, workload, cfg, threads, dtype, clock)
     print_validation(payload)
     path = save_result(db, f"validation-{Path(model).stem}", payload)
     out.print(f"result: {path}")
@@ -280,9 +293,10 @@ def report(
 def demo(
     workdir: Path = typer.Option(Path("out/dooly-demo"), help="Where the DB, results and report go."),
     quick: bool = typer.Option(False, help="Smallest settings (a smoke run)."),
+    grid: str = typer.Option("tiny", help="Profiler grid: tiny (minutes) or default (accurate, slower)."),
 ) -> None:
     """Run dooly end to end on the zoo's small models: trace, profile with reuse, validate, simulate, report."""
     from dooly.demo import run_demo
 
-    path = run_demo(workdir, quick=quick)
+    path = run_demo(workdir, quick=quick, grid=grid)
     out.print(f"[bold]dooly report:[/] {path}")

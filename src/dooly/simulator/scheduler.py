@@ -93,20 +93,28 @@ class ReplicaScheduler:
     def _schedule_running(self, batch: ScheduledBatch, budget: int, reqs: list[Request]) -> int:
         """Schedule running requests in order (decodes take one token, partial prefills a chunk), preempting
         the newest running request while the KV pool cannot hold a request's new tokens."""
+        kv = self.kv
+        bs = kv.block_size
+        evicted: set[int] = set()
         for req in reqs:
             if budget < 1:
                 break
-            if req not in self.running:  # evicted earlier in this loop
+            if req.id in evicted:
                 continue
             tokens = 1 if req.prefill_done else min(req.remaining_prefill, budget)
-            evicted_self = False
-            while self.kv.extra_blocks(req, tokens) > self.kv.free:
-                if self._preempt_last(batch) is req:
-                    evicted_self = True
-                    break
-            if evicted_self:
-                break  # everything newer is gone too
-            self.kv.grow(req, tokens)
+            need = -(-(req.computed + tokens) // bs) - req.kv_blocks  # ceil: blocks to add
+            if need > 0:
+                evicted_self = False
+                while need > kv.num_blocks - kv.used:
+                    victim = self._preempt_last(batch)
+                    evicted.add(victim.id)
+                    if victim is req:
+                        evicted_self = True
+                        break
+                if evicted_self:
+                    break  # everything newer is gone too
+                kv.used += need
+                req.kv_blocks += need
             if req.prefill_done:
                 batch.decode.append(req)
             else:
@@ -166,6 +174,8 @@ class ReplicaScheduler:
             if req.prefill_done and req.is_finished and req.finished is None:
                 req.finished = now
                 self.kv.release(req)
-                self.running.remove(req)
                 done.append(req)
+        if done:
+            gone = {r.id for r in done}
+            self.running = [r for r in self.running if r.id not in gone]
         return done

@@ -29,17 +29,26 @@ class CachedLatency:
 
     def __init__(self, model: LatencyModel) -> None:
         self.model = model
-        self._cache: dict[Batch, float] = {}
+        self._cache: dict[tuple, float] = {}
         self.calls = 0
 
     def iteration_latency(self, batch: Batch) -> float:
-        key = Batch(prefill=tuple(sorted(batch.prefill)), decode=tuple(sorted(batch.decode)))
+        return self._lookup(tuple(sorted(batch.prefill)), tuple(sorted(batch.decode)))
+
+    def scheduled_latency(self, batch: ScheduledBatch) -> float:
+        """Latency of a scheduled iteration without building a Batch unless the shape is new (hot path)."""
+        prefill = tuple(sorted((n, r.computed) for r, n in batch.prefill))
+        return self._lookup(prefill, tuple(sorted(r.computed for r in batch.decode)))
+
+    def _lookup(self, prefill: tuple, decode: tuple) -> float:
+        key = (prefill, decode)
         hit = self._cache.get(key)
         if hit is None:
             self.calls += 1
-            hit = float(self.model.iteration_latency(key))
+            shape = Batch(prefill=prefill, decode=decode)
+            hit = float(self.model.iteration_latency(shape))
             if not hit >= 0:
-                raise ValueError(f"latency model returned {hit} s for {key}")
+                raise ValueError(f"latency model returned {hit} s for {shape}")
             self._cache[key] = hit
         return hit
 
@@ -84,8 +93,7 @@ def simulate(
                 req.first_scheduled = now
         busy[rep] = batch
         starts[rep] = now
-        pre = batch.to_batch()
-        events.push(now + model.iteration_latency(pre), EventKind.BATCH_END, replica=rep, payload=batch)
+        events.push(now + model.scheduled_latency(batch), EventKind.BATCH_END, replica=rep, payload=batch)
 
     next_replica = 0
     while events:
