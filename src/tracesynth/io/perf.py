@@ -400,6 +400,9 @@ def parse_perf_script_stream(
     blocks: list[_Block] = []
     skipped = 0
     workers = max(1, min(PARSE_THREADS, os.cpu_count() or 1))
+    from tracesynth.io.babeltrace import progress_callback  # the CLI's progress bar, when one is shown
+
+    on_progress = progress_callback.get()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending: deque[Future] = deque()
 
@@ -409,6 +412,8 @@ def parse_perf_script_stream(
             skipped += bad
             if cols is not None:
                 blocks.append(_finish_block(cols, events, comms))
+                if on_progress is not None:
+                    on_progress(len(cols["ts"]))
 
         for data in _iter_blocks(stream, block_bytes):
             pending.append(pool.submit(_parse_block, data))
