@@ -31,6 +31,7 @@ def test_syscall_table_uses_kernel_entry_point_names():
     assert syscall_name(257) == "openat"
     assert syscall_name(4) == "newstat"  # LTTng's syscall_entry_newstat, perf's sys_enter_newstat
     assert syscall_name(40) == "sendfile64"
+    assert syscall_name(435) == "clone3" and syscall_name(462) == "mseal"  # 462: probed past the 6.1 header
     assert syscall_name(100000) == "unknown"
     codes, names = lookup_numbers(np.array([0, 1, -1, 99999, 59]))
     assert [names[c] for c in codes] == ["read", "write", "unknown", "unknown", "execve"]

@@ -3,7 +3,9 @@
 Source: /usr/include/x86_64-linux-gnu/asm/unistd_64.h from Debian package linux-libc-dev 6.1.187-1
 (the kernel's arch/x86/entry/syscalls/syscall_64.tbl, via its generated unistd_64.h),
 entry-point renames from tracesynth.io.syscalls.ENTRY_POINT_NAMES.
-Regenerate: python -m tracesynth.io.syscalls --regenerate
+Numbers 451-469 (18 names): probed on Linux 6.18.44-fc-v1098
+(the syscalls:sys_enter_* tracepoint each number fires; see probe_kernel).
+Regenerate: python -m tracesynth.io.syscalls --regenerate [--probe]
 """
 
 X86_64: dict[int, str] = {
@@ -369,4 +371,22 @@ X86_64: dict[int, str] = {
     448: "process_mrelease",
     449: "futex_waitv",
     450: "set_mempolicy_home_node",
+    451: "cachestat",
+    452: "fchmodat2",
+    454: "futex_wake",
+    455: "futex_wait",
+    456: "futex_requeue",
+    457: "statmount",
+    458: "listmount",
+    459: "lsm_get_self_attr",
+    460: "lsm_set_self_attr",
+    461: "lsm_list_modules",
+    462: "mseal",
+    463: "setxattrat",
+    464: "getxattrat",
+    465: "listxattrat",
+    466: "removexattrat",
+    467: "open_tree_attr",
+    468: "file_getattr",
+    469: "file_setattr",
 }

@@ -6,7 +6,11 @@ The table lives in ``syscall_table.py`` beside this module. It is generated, nev
 
 reads the kernel's generated ``asm/unistd_64.h`` shipped by Debian's ``linux-libc-dev`` (itself
 produced from the kernel's ``arch/x86/entry/syscalls/syscall_64.tbl``) and writes the table with
-the header's path and package version in its docstring.
+the header's path and package version in its docstring. With ``--probe`` (root and perf needed)
+numbers newer than the header (Debian 12 ships 6.1 headers) are added from the running kernel:
+a child calls each unknown number with invalid arguments under `perf record` on
+``raw_syscalls:sys_enter`` and every ``syscalls:sys_enter_*`` tracepoint, and each number is
+named by the named tracepoint that fires right after it on the same thread.
 
 Names follow the kernel *entry points* (``sys_newstat`` -> ``newstat``), which is what both
 lttng-modules (``syscall_entry_newstat``) and perf's ``syscalls:sys_enter_newstat`` tracepoints
@@ -16,6 +20,7 @@ mapped by ``ENTRY_POINT_NAMES`` (checked against tracefs by the tests where it i
 
 from __future__ import annotations
 
+import platform
 import re
 import subprocess
 import sys
@@ -96,18 +101,74 @@ def _package_version(path: Path) -> str:
         return "unknown package"
 
 
-def regenerate(header: Path = UNISTD_HEADER, out: Path = TABLE_FILE) -> int:
-    """Rewrite the shipped table from `header`; returns the number of syscalls written."""
+# Never probed: uretprobe/uprobe signal the caller when called outside a probe trampoline, and
+# 512-547 is the x32 range.
+_NO_PROBE = {335, 336, *range(512, 548)}
+_PROBE_CHILD = (
+    "import ctypes, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "bad = ctypes.c_long(-1)\n"  # invalid fd, pointer and flags: every call fails harmlessly
+    "for nr in map(int, sys.argv[1:]):\n"
+    "    libc.syscall(ctypes.c_long(nr), bad, bad, bad, bad, bad, bad)\n"
+)
+
+
+def probe_kernel(numbers: list[int]) -> dict[int, str]:
+    """Name syscall numbers on the running kernel by the tracepoints they fire (root + perf)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "probe.data"
+        subprocess.run(
+            ["perf", "record", "-q", "-e", "raw_syscalls:sys_enter", "-e", "syscalls:sys_enter_*", "-o", str(data)]
+            + ["--", sys.executable, "-c", _PROBE_CHILD, *map(str, numbers)],
+            check=True,
+            capture_output=True,
+        )
+        raw = subprocess.run(
+            ["perf", "script", "-i", str(data), "-F", "tid,event,trace"], check=True, capture_output=True, text=True
+        ).stdout
+    found: dict[int, str] = {}
+    pending: dict[str, int] = {}
+    wanted = set(numbers)
+    for line in raw.splitlines():
+        m = re.match(r"\s*(\d+)\s+raw_syscalls:sys_enter:\s+NR (\d+) ", line)
+        if m:
+            pending[m.group(1)] = int(m.group(2))
+            continue
+        m = re.match(r"\s*(\d+)\s+syscalls:sys_enter_(\w+):", line)
+        if m and m.group(1) in pending:
+            nr = pending.pop(m.group(1))
+            if nr in wanted:
+                found[nr] = m.group(2)
+    return found
+
+
+def regenerate(header: Path = UNISTD_HEADER, out: Path = TABLE_FILE, probe: bool = False) -> int:
+    """Rewrite the shipped table from `header` (and the running kernel); returns the syscall count."""
     table = parse_unistd(header.read_text())
     if len(table) < 300:
         raise SystemExit(f"{header}: only {len(table)} syscalls found; is this unistd_64.h?")
+    probed: dict[int, str] = {}
+    if probe:
+        candidates = [nr for nr in range(max(table) + 1, 548) if nr not in _NO_PROBE]
+        probed = {nr: name for nr, name in probe_kernel(candidates).items() if nr not in table}
+        table.update(probed)
     lines = [
         '"""x86_64 syscall number -> kernel entry-point name. GENERATED: do not edit.',
         "",
         f"Source: {header} from Debian package {_package_version(header)}",
         "(the kernel's arch/x86/entry/syscalls/syscall_64.tbl, via its generated unistd_64.h),",
         "entry-point renames from tracesynth.io.syscalls.ENTRY_POINT_NAMES.",
-        "Regenerate: python -m tracesynth.io.syscalls --regenerate",
+        *(
+            [
+                f"Numbers {min(probed)}-{max(probed)} ({len(probed)} names): probed on Linux {platform.release()}",
+                "(the syscalls:sys_enter_* tracepoint each number fires; see probe_kernel).",
+            ]
+            if probed
+            else []
+        ),
+        "Regenerate: python -m tracesynth.io.syscalls --regenerate [--probe]",
         '"""',
         "",
         "X86_64: dict[int, str] = {",
@@ -123,8 +184,8 @@ def regenerate(header: Path = UNISTD_HEADER, out: Path = TABLE_FILE) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--regenerate"]:
-        print(f"wrote {regenerate()} syscalls to {TABLE_FILE}")
+    if sys.argv[1:2] == ["--regenerate"] and set(sys.argv[2:]) <= {"--probe"}:
+        print(f"wrote {regenerate(probe='--probe' in sys.argv)} syscalls to {TABLE_FILE}")
     else:
-        print("usage: python -m tracesynth.io.syscalls --regenerate", file=sys.stderr)
+        print("usage: python -m tracesynth.io.syscalls --regenerate [--probe]", file=sys.stderr)
         sys.exit(2)
