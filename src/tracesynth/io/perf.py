@@ -446,7 +446,7 @@ def read_perf_script(path: str | Path, block_bytes: int = BLOCK_BYTES) -> Trace:
 
 def perf_script_command(perf_data: str | Path) -> list[str]:
     """The `perf script` command line whose output read_perf_data parses."""
-    return [perf_binary(), "script", "-i", str(perf_data), "-F", PERF_SCRIPT_FIELDS, "--ns"]
+    return [perf_binary(), "script", "--force", "-i", str(perf_data), "-F", PERF_SCRIPT_FIELDS, "--ns"]
 
 
 def read_perf_data(path: str | Path, metadata: dict[str, Any] | None = None) -> Trace:
