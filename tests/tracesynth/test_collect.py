@@ -159,3 +159,17 @@ def test_info_prints_profiles_and_a_comparison(tmp_path):
     assert r.exit_code == 0, r.output
     assert "profile: syscall" in r.output and "context switches/s" in r.output
     assert "workload comparison" in r.output and "p99" in r.output
+
+
+@pytest.mark.parametrize(
+    ("perf_log", "expected"),
+    [
+        ("Error:\nNo permission to enable sched:sched_switch event.\nkernel.perf_event_paranoid=2", "paranoid"),
+        ("Error:\nAccess to performance monitoring and observability operations is limited.", "paranoid"),
+        ("can't access trace events", "tracefs"),
+        ("Error:\nsomething else went wrong", "something else went wrong"),
+    ],
+)
+def test_perf_record_failures_say_what_to_change(perf_log, expected):
+    with pytest.raises(TraceSynthError, match=expected):
+        collect_mod._raise_perf_failure(perf_log, 255)
