@@ -118,7 +118,7 @@ class SignatureModel:
 
             X = np.array([[_feat(p[s]) for s in self.symbols] or [0.0] for p, _ in points])
             y = np.log(np.maximum([lat for _, lat in points], 1e-9))
-            self.forest = RandomForestRegressor(n_estimators=50, min_samples_leaf=1, random_state=0).fit(X, y)
+            self.forest = RandomForestRegressor(n_estimators=30, min_samples_leaf=1, random_state=0).fit(X, y)
         else:
             raise DoolyError(f"unknown predictor method {method!r} (interp or forest)")
 

@@ -93,7 +93,7 @@ def time_calls(
     """
     cfg = cfg or TimerConfig()
     now = _CLOCK[clock]
-    start = time.perf_counter()
+    start = now()  # cost is counted on the same clock as the samples
     cuda = device.startswith("cuda")
     if cuda:
         import torch
@@ -135,9 +135,9 @@ def time_calls(
                 call(i)
                 i += 1
             samples.append((now() - t0) / inner)
-        if r >= 2 and time.perf_counter() - start > cfg.budget_s:
+        if r >= 2 and now() - start > cfg.budget_s:
             break
-    cost = time.perf_counter() - start
+    cost = now() - start
     return Measurement(
         median_s=statistics.median(samples),
         p10_s=_quantile(samples, 0.1),
@@ -173,22 +173,47 @@ def resolve_model(model: str | Path | Mapping[str, Any]) -> tuple[str, dict[str,
     return mc.name, dict(mc.config)
 
 
+def tracer_version() -> str:
+    """Digest of the tracing code (tracer, taint, engines): a cached trace is stale once any of it changes."""
+    import hashlib
+
+    import dooly.engines as engines_pkg
+    import dooly.signature
+    import dooly.taint
+    import dooly.tracer
+
+    h = hashlib.sha256()
+    files = [Path(m.__file__) for m in (dooly.tracer, dooly.taint, dooly.signature)]  # type: ignore[arg-type]
+    files += sorted(Path(engines_pkg.__file__).parent.glob("*.py"))  # type: ignore[arg-type]
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def trace_cache_key(name: str, config: Mapping[str, Any]) -> str:
+    """Key of a model's traces in the store's trace cache (model, exact config, tracing code)."""
+    from dooly.tracer import config_hash
+
+    return f"{name}@{config_hash(config)}@{tracer_version()}"
+
+
 def model_traces(
     name: str, config: Mapping[str, Any], engine: Engine, store: ProfileStore | None = None
 ) -> dict[str, ModelTrace]:
     """Both phases' traces of a model, from the store's trace cache when this exact config was traced."""
-    from dooly.tracer import config_hash, trace_model
+    from dooly.tracer import trace_model
 
-    key = f"{name}@{config_hash(config)}"
+    key = trace_cache_key(name, config)
+    eng_key = engine.engine_id + ":" + getattr(engine, "dtype", "float32")
     out: dict[str, ModelTrace] = {}
     for phase in PHASE_SYMBOLS:
-        cached = store.get_trace(engine.engine_id + ":" + engine.dtype, key, phase) if store else None
+        cached = store.get_trace(eng_key, key, phase) if store else None
         if cached is not None:
             out[phase] = ModelTrace.from_json(cached, f"trace cache for {key}")
             continue
         tr = trace_model(config, phase, name=name, engine=engine)
         if store is not None:
-            store.put_trace(engine.engine_id + ":" + engine.dtype, key, phase, tr.to_json())
+            store.put_trace(eng_key, key, phase, tr.to_json())
         out[phase] = tr
     return out
 
@@ -435,7 +460,7 @@ class JobRunner:
         """Time every item of ``job``, committing each point as it finishes. Returns device seconds spent."""
         import torch
 
-        t0 = time.perf_counter()
+        t0 = _CLOCK[self.clock]()
         model = self._model(job)
         req, tok, kv = job.shape
         shape = RequestShape(req, tok, kv) if job.phase == "prefill" else RequestShape.decode(req, kv)
@@ -445,7 +470,7 @@ class JobRunner:
             pool.add(v)
         with pool:
             self.engine.forward(model, inputs)
-        setup = time.perf_counter() - t0
+        setup = _CLOCK[self.clock]() - t0
         share = setup / max(1, len(job.items))  # the context's cost is part of each point's profiling cost
         spent = setup
         dev = torch.device(self.engine.device)
@@ -455,7 +480,7 @@ class JobRunner:
             values_full = {"requests": req, "tokens": tok, "kv_len": kv, **values}
             try:
                 call = self._materialise(sig, values_full, pool, dev)
-                with torch.inference_mode():
+                with torch.no_grad():  # as the engine runs its forward
                     m = time_calls(call, self.engine.device, self.timer, self.clock)
             except Exception as exc:  # an op that cannot run standalone is reported, not fatal
                 self.stats["failed"] += 1
@@ -715,7 +740,7 @@ def measure_forward(
         else RequestShape.decode(values["requests"], values["kv_len"])
     )
     now = _CLOCK[clock]
-    t_start = time.perf_counter()
+    t_start = now()
     base = engine.prepare(model, shape)
     samples = []
     for r in range(warmup + repeats):
@@ -734,7 +759,7 @@ def measure_forward(
             samples.append(now() - t0)
     return Measurement(
         statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), len(samples),
-        time.perf_counter() - t_start,
+        now() - t_start,
     )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dooly.profiler import trace_cache_key
 from dooly.signature import ModelTrace, OpRecord, Signature, TensorSpec, canonical_json
 from dooly.store import ProfileStore
 from dooly.tracer import config_hash
@@ -81,5 +82,5 @@ def seed_traces(db: Path, cfg: dict, dtype: str = "bfloat16") -> dict[str, Model
     traces = tiny_traces(cfg)
     with ProfileStore(db) as st:
         for phase, tr in traces.items():
-            st.put_trace(f"{ENGINE}:{dtype}", f"{cfg['_name_or_path']}@{config_hash(cfg)}", phase, tr.to_json())
+            st.put_trace(f"{ENGINE}:{dtype}", trace_cache_key(cfg["_name_or_path"], cfg), phase, tr.to_json())
     return traces
