@@ -15,6 +15,7 @@ import html
 import io
 import json
 import math
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -272,4 +273,5 @@ def write_report(db: str | Path, output: str | Path, results: str | Path | None 
     page = build_report(db, results)
     with atomic_path(output) as tmp:
         tmp.write_text(page)
+        os.chmod(tmp, 0o644)  # a page to share: the temp file's private mode would stick after the rename
     return output

@@ -20,6 +20,7 @@ repeat the median and ``std`` is 0.
 from __future__ import annotations
 
 import csv
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -192,4 +193,6 @@ def export_vidur(
                 w = csv.DictWriter(fh, fieldnames=list(rows[0]))
                 w.writeheader()
                 w.writerows(rows)
+            os.chmod(tmp / name, 0o644)
+        os.chmod(tmp, 0o755)  # mkdtemp's private mode would stick after the rename
     return out_dir / "mlp.csv", out_dir / "attention.csv"
