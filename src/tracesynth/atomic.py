@@ -10,6 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | Path, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside `dest`; on clean exit it replaces `dest`, on error it vanishes.
@@ -25,6 +31,8 @@ def atomic_path(dest: str | Path, directory: bool = False) -> Iterator[Path]:
         fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
         os.close(fd)
         tmp = Path(name)
+    # mkstemp/mkdtemp create owner-only entries; give the output the permissions a plain open() would.
+    tmp.chmod((0o777 if directory else 0o666) & ~_umask())
     try:
         yield tmp
         if directory and dest.exists():

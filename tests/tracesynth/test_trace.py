@@ -86,3 +86,15 @@ def test_split_by_time_is_contiguous_and_complete():
     assert parts[0].ts[-1] < parts[1].ts[0] < parts[2].ts[0]
     with pytest.raises(TraceSynthError):
         split_by_time(t, (0.5, 0.2))
+
+
+def test_saved_file_has_normal_permissions(tmp_path):
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        path = small().save(tmp_path / "t.parquet")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
