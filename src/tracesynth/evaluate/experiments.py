@@ -1,0 +1,331 @@
+"""The experiments: training regimes, the scarce-data curve, workload identification, sweeps.
+
+Each function takes prepared real data (a time split per workload) and generator specs, and
+returns flat rows (one dict per measurement) that the pipeline writes to CSV / Markdown. Only the
+data differs between regimes: same classifier, same optimisation-step budget, several seeds.
+
+Generator specs are small dicts (from the JSON config):
+    {"kind": "markov", "order": 4}
+    {"kind": "diffusion", "config": {...TraceSynthConfig fields...}}
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracesynth.errors import TraceSynthError
+from tracesynth.evaluate import metrics
+from tracesynth.evaluate.classifier import ClassifierConfig
+from tracesynth.evaluate.tasks import discriminator_auc, next_event_scores, workload_id_scores
+from tracesynth.evaluate.windows import Split, Vocab, Windows, dedup, make_windows, recent, subsample
+from tracesynth.trace import Trace
+
+REGIMES = ("real", "half_real", "mix_unrepaired", "mix_repaired", "synthetic_only")
+
+
+# -- generators ----------------------------------------------------------------------------------
+def diffusion_available() -> str | None:
+    """None when the diffusion model imports, else why not (one line)."""
+    try:
+        from tracesynth.diffusion import TraceSynth, TraceSynthConfig  # noqa: F401
+    except Exception as exc:  # any import failure means "absent" for the harness
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def make_generator(spec: Mapping[str, Any]) -> Any:
+    """A fresh (unfitted) generator from a spec; TraceSynthError if its kind is unknown or absent."""
+    kind = spec.get("kind")
+    if kind == "markov":
+        from tracesynth.baselines import MarkovChain
+
+        return MarkovChain(int(spec.get("order", 4)))
+    if kind == "diffusion":
+        why = diffusion_available()
+        if why:
+            raise TraceSynthError(f"the diffusion model is not available ({why})")
+        from tracesynth.diffusion import TraceSynth, TraceSynthConfig
+
+        return TraceSynth(TraceSynthConfig.from_json(dict(spec.get("config", {}))))
+    if kind == "sdv_par":
+        raise TraceSynthError("SDV PARSynthesizer is not installed in this environment")
+    raise TraceSynthError(f"unknown generator kind {kind!r} (markov or diffusion)")
+
+
+def load_rules_miner() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """(mine_rules, repair_trace) when the constraints module is present, else None."""
+    try:
+        from tracesynth.constraints import mine_rules, repair_trace
+    except Exception:
+        return None
+    return mine_rules, repair_trace
+
+
+@dataclass
+class Synthetic:
+    """What one generator produced for one workload: the raw sample and its repaired version."""
+
+    generator: str
+    raw: Trace
+    repaired: Trace | None
+    fit_s: float
+    sample_s: float
+    repair_s: float = 0.0
+    params: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def count_params(gen: Any) -> int | None:
+    model = getattr(gen, "model", None)
+    if model is not None and hasattr(model, "parameters"):
+        return int(sum(p.numel() for p in model.parameters()))
+    tables = getattr(gen, "_tables", None)
+    if tables is not None:
+        return int(sum(len(t[2]) for t in tables))
+    return None
+
+
+def fit_and_sample(
+    spec: Mapping[str, Any], train: Trace, n_events: int, seed: int, rules: Any = None, fit_events: int | None = None
+) -> Synthetic:
+    """Fit a generator on `train` (optionally only its most recent `fit_events`), sample, and repair."""
+    gen = make_generator(spec)
+    fit_trace = train if not fit_events or len(train) <= fit_events else train.slice(len(train) - fit_events)
+    t0 = time.perf_counter()
+    gen.fit([fit_trace])
+    t1 = time.perf_counter()
+    raw = gen.sample(n_events, seed=seed)
+    t2 = time.perf_counter()
+    repaired = None
+    repair_s = 0.0
+    if rules is not None:
+        miner = load_rules_miner()
+        if miner is not None:
+            repaired, _ = miner[1](raw, rules, seed=seed)
+            repair_s = time.perf_counter() - t2
+    return Synthetic(str(spec.get("name", gen.name)), raw, repaired, t1 - t0, t2 - t1, repair_s, count_params(gen))
+
+
+# -- data for the classifier ---------------------------------------------------------------------
+@dataclass
+class WorkloadData:
+    """A workload's real split, encoded once: vocabulary, real train/test windows."""
+
+    name: str
+    split: Split
+    vocab: Vocab
+    context: int
+    test: Windows
+    rules: Any = None
+
+    def windows(self, trace: Trace, stride: int = 1) -> Windows:
+        """De-duplicated windows of a trace, none identical to a test window."""
+        return dedup(make_windows(trace, self.vocab, self.context, stride), exclude=self.test)
+
+
+def prepare_workload(
+    name: str, split: Split, context: int, max_test: int, vocab: Vocab | None = None, rules: Any = None
+) -> WorkloadData:
+    vocab = vocab or Vocab.from_traces([split.train])
+    test = dedup(make_windows(split.test, vocab, context))
+    test = subsample(test, max_test, np.random.default_rng(12345))  # the same test set for every regime
+    return WorkloadData(name, split, vocab, context, test, rules)
+
+
+def _mix(a: Windows, b: Windows) -> Windows:
+    return Windows.concat([a, b])
+
+
+def regime_rows(
+    wd: WorkloadData,
+    synth: Mapping[str, Synthetic],
+    cfg: ClassifierConfig,
+    seeds: Sequence[int],
+    max_train: int,
+    tick: Callable[[], None] | None = None,
+    only: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Next-event Macro-F1 / accuracy per regime and seed on the real test block of one workload."""
+    rows: list[dict[str, Any]] = []
+    real_all = wd.windows(wd.split.train)
+    real_half = wd.windows(recent(wd.split.train, 0.5))
+    syn_w = {
+        g: (wd.windows(s.raw), wd.windows(s.repaired) if s.repaired is not None else None) for g, s in synth.items()
+    }
+    V = len(wd.vocab)
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        half = subsample(real_half, max_train // 2, rng)
+        plans: list[tuple[str, str, Windows]] = [
+            ("real", "-", subsample(real_all, max_train, rng)),
+            ("half_real", "-", half),
+        ]
+        for g, (raw, rep) in syn_w.items():
+            plans.append(("mix_unrepaired", g, _mix(half, subsample(raw, len(half), rng))))
+            if rep is not None:
+                plans.append(("mix_repaired", g, _mix(half, subsample(rep, len(half), rng))))
+            plans.append(("synthetic_only", g, subsample(rep if rep is not None else raw, max_train, rng)))
+        for regime, g, w in plans:
+            if only is not None and regime not in only:
+                continue
+            s = next_event_scores(w, wd.test, V, cfg, seed=seed, tick=tick)
+            rows.append(
+                {"workload": wd.name, "regime": regime, "generator": g, "seed": seed, "train_windows": len(w), **s}
+            )
+    return rows
+
+
+def discriminator_rows(
+    wd: WorkloadData,
+    synth: Mapping[str, Synthetic],
+    cfg: ClassifierConfig,
+    seeds: Sequence[int],
+    max_windows: int,
+    tick: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Real-vs-synthetic AUC per generator (raw and repaired) and a real-vs-real reference.
+
+    Real side: the held-out test block. The reference pits it against the most recent real training
+    windows, which shows how far two real blocks of the same trace already differ.
+    """
+    ctx = wd.context
+    real = make_windows(wd.split.test, wd.vocab, ctx)
+    rows = []
+    others: list[tuple[str, str, Trace]] = [("real (train block)", "reference", recent(wd.split.train, 0.25))]
+    for g, s in synth.items():
+        others.append((g, "raw", s.raw))
+        if s.repaired is not None:
+            others.append((g, "repaired", s.repaired))
+    V = len(wd.vocab)
+    for seed in seeds:
+        for g, variant, tr in others:
+            other = make_windows(tr, wd.vocab, ctx)
+            r = real.take(np.arange(max(0, len(real) - max_windows), len(real)))
+            o = other.take(np.arange(min(len(other), max_windows)))
+            auc = discriminator_auc(r, o, V, cfg, seed=seed, tick=tick, gap=ctx)
+            rows.append({"workload": wd.name, "generator": g, "variant": variant, "seed": seed, "auc": auc})
+    return rows
+
+
+def fidelity_rows(wd: WorkloadData, synth: Mapping[str, Synthetic], window: int = 128) -> list[dict[str, Any]]:
+    """Fidelity, violations and memorisation of each sample against the real training block.
+
+    A reference row scores the real test block the same way: the level a perfect generator
+    (another stretch of real trace) would reach.
+    """
+    train = wd.split.train
+    items: list[tuple[str, str, Trace]] = [("real (test block)", "reference", wd.split.test)]
+    for g, s in synth.items():
+        items.append((g, "raw", s.raw))
+        if s.repaired is not None:
+            items.append((g, "repaired", s.repaired))
+    rows = []
+    for g, variant, tr in items:
+        row: dict[str, Any] = {"workload": wd.name, "generator": g, "variant": variant, "events": len(tr)}
+        row.update(metrics.fidelity(train, tr))
+        row["violation_rate"] = metrics.violation_rate(tr, wd.rules)
+        row.update(metrics.memorisation(tr, train, window))
+        rows.append(row)
+    return rows
+
+
+def workload_id_rows(
+    data: Mapping[str, WorkloadData],
+    vocab: Vocab,
+    synth: Mapping[str, Mapping[str, Synthetic]],
+    cfg: ClassifierConfig,
+    seeds: Sequence[int],
+    per_class: int,
+    tick: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Workload identification: train on real (reference) or on one generator's samples, test on real.
+
+    `data` must be encoded with the shared vocabulary `vocab`; `synth[workload][generator]`.
+    """
+    names = sorted(data)
+    test = {n: data[n].test for n in names}
+    sources: dict[str, dict[str, Windows]] = {"real": {n: data[n].windows(data[n].split.train) for n in names}}
+    gens = sorted({g for n in names for g in synth.get(n, {})})
+    for g in gens:
+        if all(g in synth.get(n, {}) for n in names):
+            sources[g] = {}
+            for n in names:
+                s = synth[n][g]
+                sources[g][n] = data[n].windows(s.repaired if s.repaired is not None else s.raw)
+    rows = []
+    for seed in seeds:
+        for src, train in sources.items():
+            sc = workload_id_scores(train, test, len(vocab), cfg, seed=seed, tick=tick, per_class=per_class)
+            rows.append({"train_on": src, "seed": seed, **sc})
+    return rows
+
+
+def scarce_rows(
+    wd: WorkloadData,
+    specs: Mapping[str, Mapping[str, Any]],
+    budgets: Sequence[float],
+    multipliers: Sequence[int],
+    cfg: ClassifierConfig,
+    seeds: Sequence[int],
+    max_train: int,
+    tick: Callable[[], None] | None = None,
+    on_skip: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Scarce-data curve: the most recent `budget` of real training data alone, and with synthetic data
+    from a generator fitted on that same budget only (m x as many synthetic events as real)."""
+    rows = []
+    V = len(wd.vocab)
+    for b in budgets:
+        real_tr = recent(wd.split.train, b)
+        real_w = wd.windows(real_tr)
+        if len(real_w) < 8:
+            if on_skip:
+                on_skip(f"scarce {wd.name} {b:.0%}: only {len(real_w)} windows")
+            continue
+        samples: dict[str, dict[int, Windows]] = {}
+        for g, spec in specs.items():
+            try:
+                s = fit_and_sample(spec, real_tr, len(real_tr) * max(multipliers), seed=0, rules=wd.rules)
+            except TraceSynthError as exc:  # e.g. a budget shorter than the model's context
+                if on_skip:
+                    on_skip(f"scarce {wd.name} {b:.0%} {g}: {exc}")
+                continue
+            src = s.repaired if s.repaired is not None else s.raw
+            samples[g] = {m: wd.windows(src.slice(0, len(real_tr) * m)) for m in multipliers}
+        for seed in seeds:
+            rng = np.random.default_rng(seed)
+            rw = subsample(real_w, max_train, rng)
+            sc = next_event_scores(rw, wd.test, V, cfg, seed=seed, tick=tick)
+            base = {"workload": wd.name, "budget": b, "real_events": len(real_tr), "seed": seed}
+            rows.append({**base, "generator": "-", "synthetic_x": 0, "train_windows": len(rw), **sc})
+            for g, by_m in samples.items():
+                for m, sw in by_m.items():
+                    w = _mix(rw, subsample(sw, len(rw) * m, rng))
+                    sc = next_event_scores(w, wd.test, V, cfg, seed=seed, tick=tick)
+                    rows.append({**base, "generator": g, "synthetic_x": m, "train_windows": len(w), **sc})
+    return rows
+
+
+# -- summaries -----------------------------------------------------------------------------------
+def summarise(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], values: Sequence[str]) -> list[dict[str, Any]]:
+    """Mean and spread (std over seeds) of `values`, grouped by `keys`, in first-seen order."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    out = []
+    for k, rs in groups.items():
+        row: dict[str, Any] = dict(zip(keys, k, strict=True))
+        row["n"] = len(rs)
+        for v in values:
+            xs = np.asarray([r[v] for r in rs if r.get(v) is not None], dtype=float)
+            xs = xs[~np.isnan(xs)]
+            row[v] = float(xs.mean()) if len(xs) else math.nan
+            row[f"{v}_std"] = float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
+        out.append(row)
+    return out

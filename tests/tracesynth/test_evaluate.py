@@ -1,0 +1,98 @@
+"""Evaluation harness: time splits leak nothing, the tasks score what they should on tiny data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tracesynth.errors import TraceSynthError
+from tracesynth.evaluate.classifier import ClassifierConfig
+from tracesynth.evaluate.tasks import discriminator_auc, next_event_scores, workload_id_scores
+from tracesynth.evaluate.windows import Vocab, dedup, make_windows, split_trace, window_hashes
+from tracesynth.trace import Trace
+
+CFG = ClassifierConfig(embed=8, hidden=16, steps=60, batch=32, lr=1e-2)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def rand_trace(n: int, names: list[str], seed: int, dt: int = 100) -> Trace:
+    rng = np.random.default_rng(seed)
+    ev = rng.choice(names, n)
+    return Trace.from_columns(ts=np.cumsum(rng.integers(1, dt, n)), event=ev.tolist())
+
+
+def test_split_windows_never_overlap_test_block() -> None:
+    n = 3000
+    t = Trace.from_columns(ts=np.arange(n) * 10, event=[f"e{i}" for i in range(n)])  # every event unique
+    sp = split_trace(t)
+    assert len(sp.train) + len(sp.val) + len(sp.test) == n
+    assert sp.train.ts[-1] < sp.val.ts[0] <= sp.val.ts[-1] < sp.test.ts[0]
+    v = Vocab.from_traces([sp.train, sp.test])
+    tr, te = make_windows(sp.train, v, 16), make_windows(sp.test, v, 16)
+    train_events = set(tr.events.ravel().tolist()) | set(tr.labels.tolist())
+    test_events = set(te.events.ravel().tolist()) | set(te.labels.tolist())
+    assert not train_events & test_events  # no test event (so no overlap of a test window) reaches training
+
+
+def test_dedup_drops_repeats_and_test_copies() -> None:
+    t = Trace.from_columns(ts=np.arange(400), event=["a", "b", "c", "d"] * 100)
+    v = Vocab.from_traces([t])
+    w = make_windows(t, v, 8)
+    d = dedup(w)
+    assert len(d) == 4  # a 4-cycle has 4 distinct windows
+    assert len(dedup(w, exclude=d.take(np.arange(2)))) == 2
+    assert len(np.unique(window_hashes(d))) == len(d)
+
+
+def test_vocab_maps_unseen_to_unk() -> None:
+    v = Vocab(["a", "b"])
+    assert v.encode(Trace.from_columns(ts=[0, 1, 2], event=["a", "z", "b"])).tolist() == [1, 0, 2]
+
+
+def test_next_event_learns_a_cycle() -> None:
+    t = Trace.from_columns(ts=np.arange(1200), event=["a", "b", "c", "d", "e"] * 240)
+    sp = split_trace(t)
+    v = Vocab.from_traces([sp.train])
+    s = next_event_scores(make_windows(sp.train, v, 16), make_windows(sp.test, v, 16), len(v), CFG, seed=0)
+    assert s["accuracy"] > 0.95 and s["macro_f1"] > 0.95
+
+
+def test_discriminator_auc_same_vs_different() -> None:
+    names = [f"e{i}" for i in range(6)]
+    v = Vocab(names + ["z0", "z1"])
+    a = make_windows(rand_trace(1500, names, 1), v, 16, stride=4)
+    b = make_windows(rand_trace(1500, names, 2), v, 16, stride=4)
+    c = make_windows(rand_trace(1500, ["z0", "z1"], 3, dt=10**6), v, 16, stride=4)
+    same = discriminator_auc(a, b, len(v), CFG, seed=0)
+    diff = discriminator_auc(a, c, len(v), CFG, seed=0)
+    assert 0.35 < same < 0.65
+    assert diff > 0.95
+
+
+def test_workload_id() -> None:
+    v = Vocab(["a", "b", "c", "d"])
+    x = {
+        "ab": make_windows(rand_trace(600, ["a", "b"], 1), v, 8, 2),
+        "cd": make_windows(rand_trace(600, ["c", "d"], 2), v, 8, 2),
+    }
+    y = {
+        "ab": make_windows(rand_trace(300, ["a", "b"], 3), v, 8),
+        "cd": make_windows(rand_trace(300, ["c", "d"], 4), v, 8),
+    }
+    s = workload_id_scores(x, y, len(v), CFG, seed=0)
+    assert s["accuracy"] > 0.95
+    with pytest.raises(TraceSynthError):
+        workload_id_scores({"ab": x["ab"]}, {"ab": y["ab"]}, len(v), CFG)
+
+
+def test_split_rejects_tiny_trace() -> None:
+    with pytest.raises(TraceSynthError):
+        split_trace(Trace.from_columns(ts=[0, 1], event=["a", "b"]))

@@ -1,0 +1,103 @@
+"""The pipeline end to end on tiny traces (Markov only), the report, and the CLI commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tracesynth.cli import app
+from tracesynth.errors import TraceSynthError
+from tracesynth.evaluate.pipeline import load_config, run_pipeline
+from tracesynth.report import load_results, write_report
+from tracesynth.trace import Trace
+
+
+def workload_trace(path: Path, names: list[str], seed: int, n: int = 2400) -> Path:
+    rng = np.random.default_rng(seed)
+    # a noisy cycle over the workload's own events, syscalls paired on one thread
+    base = np.resize(np.arange(len(names)), n)
+    ev = np.where(rng.random(n) < 0.1, rng.integers(0, len(names), n), base)
+    Trace.from_columns(
+        ts=np.cumsum(rng.integers(1, 1000, n)),
+        event=[names[i] for i in ev],
+        cpu=[0] * n,
+        tid=[1] * n,
+        comm=["w"] * n,
+        metadata={"workload": path.stem},
+    ).save(path)
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> dict:
+    a = workload_trace(tmp_path / "alpha.parquet", ["syscall_entry_read", "syscall_exit_read", "sched_switch", "x"], 0)
+    b = workload_trace(tmp_path / "beta.parquet", ["syscall_entry_write", "syscall_exit_write", "y", "z", "w"], 1)
+    return {
+        "name": "tiny",
+        "traces": [str(a), {"path": str(b), "workload": "beta"}],
+        "context": 16,
+        "seeds": [0, 1],
+        "repair": False,
+        "generators": {"markov": {"kind": "markov", "order": 2}, "diffusion": {"kind": "diffusion", "config": {}}},
+        "classifier": {"embed": 8, "hidden": 8, "steps": 8, "batch": 16},
+        "max_train_windows": 300,
+        "max_test_windows": 100,
+        "discriminator": {"max_windows": 200},
+        "scarce": {"budgets": [0.1, 1.0], "multipliers": [1], "workloads": ["alpha"]},
+    }
+
+
+def test_pipeline_writes_tables_and_report(tiny_config: dict, tmp_path: Path, monkeypatch) -> None:
+    torch.set_num_threads(1)
+    from tracesynth.evaluate import experiments
+
+    monkeypatch.setattr(experiments, "diffusion_available", lambda: "ImportError: absent in this test")
+    out = tmp_path / "out"
+    report = run_pipeline(tiny_config, out)
+    assert report == out / "report.html" and report.is_file()
+    res = load_results(out)
+    t = res["tables"]
+    assert any("diffusion model is absent" in n for n in res["notes"])
+    assert {r["regime"] for r in t["regimes"]} == {"real", "half_real", "mix_unrepaired", "synthetic_only"}
+    assert {r["seed"] for r in t["regimes"]} == {0, 1}
+    assert {r["train_on"] for r in t["workload_id"]} == {"real", "markov"}
+    assert all(0.0 <= r["auc"] <= 1.0 for r in t["discriminator"])
+    assert {r["budget"] for r in t["scarce"]} == {0.1, 1.0}
+    assert (out / "tables" / "regimes_summary.csv").is_file() and "Macro-F1" in (out / "results.md").read_text()
+    html = report.read_text()
+    assert html.count("data:image/png;base64,") >= 5 and "http://" not in html.replace("http://www.w3.org", "")
+    # re-rendering from results.json (NaNs stored as null) works too
+    assert write_report(res, tmp_path / "again.html").stat().st_size > 10_000
+
+
+def test_config_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "c.json"
+    bad.write_text('{"nonsense": 1}')
+    with pytest.raises(TraceSynthError, match="unknown config key"):
+        load_config(bad)
+    bad.write_text("{not json")
+    with pytest.raises(TraceSynthError, match="c.json"):
+        load_config(bad)
+    with pytest.raises(TraceSynthError):
+        load_results(tmp_path)
+
+
+def test_cli_report_and_evaluate(tiny_config: dict, tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code != 0 and isinstance(r.exception, TraceSynthError)
+    real = Path(tiny_config["traces"][0])
+    r = runner.invoke(app, ["evaluate", str(real), str(real)])
+    assert r.exit_code == 0, r.output
+    assert "jsd_event" in r.output and "copied_window_share" in r.output
+    for cmd in ("evaluate", "report", "run", "experiment"):
+        assert runner.invoke(app, [cmd, "--help"]).exit_code == 0
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"traces": ["/nonexistent.parquet"]}))
+    r = runner.invoke(app, ["run", str(cfg), "-o", str(tmp_path / "o")])
+    assert r.exit_code != 0 and not (tmp_path / "o").exists()
