@@ -130,3 +130,64 @@ def test_cli_bad_workload_is_one_line(db):
 )
 def test_vidur_op_mapping(module, op):
     assert vidur_op(module) == op
+
+
+def test_vidur_export_layout(tmp_path, monkeypatch):
+    """Rows per num_tokens / decode shape with Vidur's column names, times in ms from the profiles."""
+    import csv
+
+    import dooly.profiler as profiler
+    from dooly.signature import ModelTrace, OpRecord, Signature, TensorSpec
+    from dooly.vidur_export import export_vidur
+
+    def sig(op: str, shape: tuple) -> Signature:
+        return Signature(op, (TensorSpec(shape, "bfloat16"),), '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")
+
+    pre_mm = sig("aten.mm.default", ("requests*tokens", 64))
+    pre_attn = sig("aten.bmm.default", ("requests", "tokens", "tokens"))
+    dec_attn = sig("aten.bmm.default", ("requests", 1, "kv_len + 1"))
+    recs = {
+        "prefill": [
+            OpRecord(pre_mm, 0, "model.layers.0.self_attn.q_proj", 0),
+            OpRecord(pre_mm, 1, "model.layers.1.self_attn.q_proj", 1),  # other layers are left out
+            OpRecord(pre_attn, 2, "model.layers.0.self_attn", 0),
+            OpRecord(pre_mm, 3, "model.layers.0.mlp.down_proj", 0),
+        ],
+        "decode": [OpRecord(dec_attn, 0, "model.layers.0.self_attn", 0)],
+    }
+    traces = {ph: ModelTrace("m", "h", ph, "hf-eager/cpu", r) for ph, r in recs.items()}
+    ctx = ProfileContext("cpu-test")
+    db = tmp_path / "p.db"
+    with ProfileStore(db) as store:
+        for t in (1, 2048):
+            store.put_point(ctx, pre_mm.key, {"requests": 1, "tokens": t}, Measurement(1e-4 * t, 0, 0, 3, 0.1))
+            store.put_point(ctx, pre_attn.key, {"requests": 1, "tokens": t}, Measurement(2e-5 * t, 0, 0, 3, 0.1))
+        for b in (1, 32):
+            for k in (16, 2048):
+                store.put_point(
+                    ctx, dec_attn.key, {"requests": b, "kv_len": k}, Measurement(1e-6 * b * k, 0, 0, 3, 0.1)
+                )
+    monkeypatch.setattr(profiler, "model_traces", lambda *a, **k: traces)
+    monkeypatch.setattr(profiler, "context_for", lambda *a, **k: ctx)
+    monkeypatch.setattr(profiler, "resolve_model", lambda m: ("m", {"model_type": "llama", "hidden_size": 64,
+                        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}))  # fmt: skip
+    mlp, attn = export_vidur("m", db, tmp_path / "vidur" / "m", num_tokens=[1, 2048], decode_batches=[1, 32],
+                             kv_sizes=[16, 2048])  # fmt: skip
+    rows = list(csv.DictReader(mlp.open()))
+    assert [int(r["num_tokens"]) for r in rows] == [1, 2048]
+    assert float(rows[1]["time_stats.attn_pre_proj.median"]) == pytest.approx(204.8)  # 0.2048 s, layer 0 only
+    assert float(rows[1]["time_stats.mlp_down_proj.median"]) == pytest.approx(204.8)
+    assert rows[0]["n_embd"] == "64" and rows[0]["n_kv_head"] == "4" and rows[0]["use_gated_mlp"] == "True"
+    arows = list(csv.DictReader(attn.open()))
+    assert len(arows) == 2 + 4
+    pre = [r for r in arows if r["is_prefill"] == "True"]
+    assert float(pre[1]["time_stats.attn_prefill.median"]) == pytest.approx(2e-5 * 2048 * 1e3)
+    dec = [r for r in arows if r["is_prefill"] == "False"]
+    assert {(r["batch_size"], r["kv_cache_size"]) for r in dec} == {
+        ("1", "16"),
+        ("1", "2048"),
+        ("32", "16"),
+        ("32", "2048"),
+    }
+    big = next(r for r in dec if r["batch_size"] == "32" and r["kv_cache_size"] == "2048")
+    assert float(big["time_stats.attn_decode.median"]) == pytest.approx(1e-6 * 32 * 2048 * 1e3)
