@@ -1,0 +1,23 @@
+"""Constraints mined from real traces: a readable Rules document, a vectorised checker and a
+repairer that fixes violations by sampling from what the rules allow.
+
+    rules = mine_rules([trace, ...]); rules.save("rules.json")
+    report = check_trace(synthetic, rules); report.rate, report.to_dict()
+    fixed, how = repair_trace(synthetic, rules, seed=0)   # check_trace(fixed, rules).total == 0
+"""
+
+from tracesynth.constraints.check import RULES, CheckReport, check_trace
+from tracesynth.constraints.mine import DEFAULT_PARAMS, mine_rules
+from tracesynth.constraints.repair import RepairReport, repair_trace
+from tracesynth.constraints.rules import Rules
+
+__all__ = [
+    "DEFAULT_PARAMS",
+    "RULES",
+    "CheckReport",
+    "RepairReport",
+    "Rules",
+    "check_trace",
+    "mine_rules",
+    "repair_trace",
+]

@@ -1,0 +1,436 @@
+"""Constraint-guided repair: fix each violation by sampling from what the rules allow.
+
+One round applies, in order (each step re-detects on the current arrays, all vectorised):
+
+1. syscall pairing: a wrong exit becomes the exit of the open call; an entry while a call is
+   open gets that call's exit inserted just before it; an exit with no open entry is dropped;
+2. impossible successors (global and per thread): the event type is resampled from the
+   successors of its predecessor (weighted by the mined counts), restricted to what the thread's
+   previous event allows and to types the next event may follow;
+3. return values resampled from the valid symbols of the event type (null where it has none),
+   commands resampled from those seen issuing the event type;
+4. CPUs: an event moves to a CPU its thread / command was seen on; an event running on a CPU
+   while its thread is still current on another moves to that one; an event of the wrong thread
+   inside a CPU's scheduling segment takes the segment's thread;
+5. time: each gap is clamped into the intersection of its event and transition bounds and the
+   timestamps are recomputed from the gaps (so time stays non-decreasing).
+
+Rounds repeat until nothing is violated (a fix may create a new violation: a resampled event
+type may not pair). After max_rounds the remaining violators are dropped, round by round; the
+trace shrinks each time, so repair always terminates with zero violations.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracesynth.constraints.check import (
+    DETECTORS,
+    RULES,
+    TraceArrays,
+    detect_all,
+    dt_bounds,
+    tid_rule_rows,
+)
+from tracesynth.constraints.rules import Compiled, Rules, sample_ret
+from tracesynth.trace import SCHEMA, Trace
+
+_COLS = ("ev", "cpu", "tid", "comm", "ret", "has_ret", "ts", "origin", "dt_changed")
+_CHUNK = 4096
+
+
+@dataclass
+class RepairReport:
+    """How much repair changed: per rule (fixes applied) and per column (events whose value changed)."""
+
+    events_in: int
+    events_out: int
+    rounds: int
+    fixes: dict[str, int]
+    columns: dict[str, int]
+    inserted: int
+    deleted: int
+    modified: int
+    dropped_in_fallback: int = 0
+    violations_before: int = 0
+    violations_after: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> int:
+        """Events inserted, deleted or with any column changed (a shifted timestamp alone does not count;
+        a clamped gap does)."""
+        return self.modified + self.inserted + self.deleted
+
+    @property
+    def fraction_changed(self) -> float:
+        return self.changed / self.events_in if self.events_in else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "events_in": self.events_in,
+            "events_out": self.events_out,
+            "rounds": self.rounds,
+            "fixes": dict(self.fixes),
+            "columns": dict(self.columns),
+            "inserted": self.inserted,
+            "deleted": self.deleted,
+            "modified": self.modified,
+            "changed": self.changed,
+            "fraction_changed": self.fraction_changed,
+            "dropped_in_fallback": self.dropped_in_fallback,
+            "violations_before": self.violations_before,
+            "violations_after": self.violations_after,
+        }
+
+
+class _State:
+    """The trace being repaired as numpy columns, with each row's original index (-1: inserted)."""
+
+    def __init__(self, a: TraceArrays):
+        self.c: Compiled = a.c
+        self.ev, self.cpu, self.tid, self.comm = a.ev.copy(), a.cpu.copy(), a.tid.copy(), a.comm.copy()
+        self.ret, self.has_ret, self.ts = a.ret.copy(), a.has_ret.copy(), a.ts.copy()
+        self.origin = np.arange(a.n, dtype=np.int64)
+        self.dt_changed = np.zeros(a.n, dtype=bool)
+
+    @property
+    def n(self) -> int:
+        return len(self.ev)
+
+    def arrays(self) -> TraceArrays:
+        return TraceArrays.from_arrays(
+            self.c,
+            ev=self.ev,
+            cpu=self.cpu,
+            tid=self.tid,
+            comm=self.comm,
+            ret=self.ret,
+            has_ret=self.has_ret,
+            ts=self.ts,
+        )
+
+    def edit(self, insert_before: np.ndarray, rows: dict[str, np.ndarray], delete: np.ndarray) -> None:
+        """Insert rows before the given indices and delete others (indices refer to the current rows)."""
+        order = np.argsort(insert_before, kind="stable")
+        pos = insert_before[order]
+        gone = np.unique(delete)
+        # where each deleted row sits once the insertions are in
+        gone_after = gone + np.searchsorted(pos, gone, side="right")
+        mask = np.ones(self.n + len(pos), dtype=bool)
+        mask[gone_after] = False
+        for name in _COLS:
+            col = getattr(self, name)
+            if len(pos):
+                col = np.insert(col, pos, rows[name][order])
+            setattr(self, name, col[mask])
+
+
+def _sample_rows(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One column index per row, with probability proportional to the row's weights (rows > 0)."""
+    cum = np.cumsum(weights, axis=1)
+    u = rng.random(len(weights)) * cum[:, -1]
+    return np.minimum((cum <= u[:, None]).sum(axis=1), weights.shape[1] - 1)
+
+
+def _fix_pairing(s: _State, fixes: Counter[str], rng: np.random.Generator, insert: bool = True) -> None:
+    f = DETECTORS["syscall.pairing"](s.arrays())
+    if not len(f.idx):
+        return
+    c = s.c
+    kind = f.extra["kind"]
+    wrong_exit = (kind == 0) & c.is_exit[f.found]
+    reentry = (kind == 0) & ~c.is_exit[f.found]
+    orphan = kind == 1
+    # a wrong exit becomes the exit of the call that is open
+    i = f.idx[wrong_exit]
+    s.ev[i] = f.expected[wrong_exit]
+    _resample_ret(s, i, rng)
+    if not insert:  # the fallback only shrinks the trace: drop the stale open entry instead
+        idx, prev = s.arrays().syscall_prev
+        stale = prev[np.searchsorted(idx, f.idx[reentry])]
+        s.edit(np.zeros(0, np.int64), {}, np.concatenate([f.idx[orphan], stale]))
+        fixes["syscall.pairing"] += len(f.idx)
+        return
+    # an entry while a call is open: close that call just before it
+    at = f.idx[reentry]
+    rows = {
+        "ev": f.expected[reentry],
+        "cpu": s.cpu[at],
+        "tid": s.tid[at],
+        "comm": s.comm[at],
+        "ret": np.zeros(len(at), np.int64),
+        "has_ret": np.zeros(len(at), bool),
+        "ts": s.ts[at],
+        "origin": np.full(len(at), -1, np.int64),
+        "dt_changed": np.zeros(len(at), bool),
+    }
+    rows["ret"], rows["has_ret"] = _sample_ret_for(c, rows["ev"], rng)
+    s.edit(at, rows, f.idx[orphan])
+    fixes["syscall.pairing"] += len(f.idx)
+
+
+def _sample_ret_for(c: Compiled, ev: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    ret = np.zeros(len(ev), dtype=np.int64)
+    has = np.zeros(len(ev), dtype=bool)
+    for e in np.unique(ev):
+        syms, prob = c.ret_sym_table[e]
+        if not len(syms) or c.ret_presence[e] == 2:
+            continue
+        m = ev == e
+        picked = syms[
+            np.minimum(np.searchsorted(np.cumsum(prob), rng.random(int(m.sum())), side="right"), len(syms) - 1)
+        ]
+        ret[m] = sample_ret(picked, rng)
+        has[m] = True
+    return ret, has
+
+
+def _resample_ret(s: _State, idx: np.ndarray, rng: np.random.Generator) -> None:
+    if len(idx):
+        s.ret[idx], s.has_ret[idx] = _sample_ret_for(s.c, s.ev[idx], rng)
+
+
+def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
+    a = s.arrays()
+    fg, ft = DETECTORS["transition.global"](a), DETECTORS["transition.thread"](a)
+    bad = np.union1d(fg.idx, ft.idx)
+    if not len(bad):
+        return
+    c = s.c
+    fixes["transition.global"] += len(fg.idx)
+    fixes["transition.thread"] += len(ft.idx)
+    tprev = a.thread_prev
+    # a syscall event that pairs correctly is the skeleton the pairing fix built: resample its
+    # predecessor instead when that one is free to change
+    sys_ev = (c.is_entry[s.ev] | c.is_exit[s.ev]) & (s.tid >= 0)
+    pred = np.full(s.n, -1, dtype=np.int64)
+    pred[fg.idx] = fg.idx - 1
+    only_t = np.setdiff1d(ft.idx, fg.idx)
+    pred[only_t] = tprev[only_t]
+    swap = sys_ev[bad] & (pred[bad] >= 0) & ~sys_ev[np.maximum(pred[bad], 0)]
+    # a swapped predecessor must be one the thread's next event may follow
+    non_sys = ~(c.is_entry | c.is_exit)
+    t_follow = np.full(s.n, -1, dtype=np.int64)
+    t_follow[pred[bad][swap]] = s.ev[bad[swap]]
+    bad = np.unique(np.where(swap, pred[bad], bad))
+    new = s.ev.copy()
+    for lo in range(0, len(bad), _CHUNK):
+        i = bad[lo : lo + _CHUNK]
+        gp = np.where(i > 0, s.ev[np.maximum(i - 1, 0)], -1)
+        tp = np.where(tprev[i] >= 0, s.ev[np.maximum(tprev[i], 0)], -1)
+        nxt = np.where(i + 1 < s.n, s.ev[np.minimum(i + 1, s.n - 1)], -1)
+        g_on = (gp >= 0) & c.g_enforced[np.maximum(gp, 0)]
+        t_on = (tp >= 0) & c.t_enforced[np.maximum(tp, 0)]
+        base = np.where(g_on[:, None], c.g_weight[np.maximum(gp, 0)], c.t_weight[np.maximum(tp, 0)])
+        none = base.sum(axis=1) == 0
+        base[none] = c.g_weight.sum(axis=0)  # no context: the overall event mix
+        base[:, c.n_known :] = 0
+        mask_g = np.where(g_on[:, None], c.g_allowed[np.maximum(gp, 0)], True)
+        mask_t = np.where(t_on[:, None], c.t_allowed[np.maximum(tp, 0)], True)
+        follow = np.where(
+            (nxt >= 0)[:, None], (~c.g_enforced[None, :]) | c.g_allowed[:, np.maximum(nxt, 0)].T, True
+        )  # [k, V]: the next event may follow the candidate
+        tf = t_follow[i]
+        follow &= np.where((tf >= 0)[:, None], (~c.t_enforced[None, :]) | c.t_allowed[:, np.maximum(tf, 0)].T, True)
+        # an event outside the syscall skeleton stays outside it, so pairing is never broken here
+        keep_out = ~sys_ev[i] & (s.tid[i] >= 0)
+        base = base * np.where(keep_out[:, None], non_sys[None, :], True)
+        w = base * mask_g * mask_t
+        full = w * follow
+        # relax what cannot be met: next-compatibility first, then the thread's constraint
+        use = np.where((full.sum(axis=1) > 0)[:, None], full, w)
+        use = np.where((use.sum(axis=1) > 0)[:, None], use, base * mask_g)
+        use = np.where((use.sum(axis=1) > 0)[:, None], use, base)
+        ok = use.sum(axis=1) > 0
+        new[i[ok]] = _sample_rows(use[ok], rng)
+    changed = bad[new[bad] != s.ev[bad]]
+    s.ev[changed] = new[changed]
+    # the new type keeps the value contract of its kind
+    _resample_ret(s, changed[(c.ret_presence[s.ev[changed]] != 0) | s.has_ret[changed]], rng)
+
+
+def _fix_values(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
+    a = s.arrays()
+    fr = DETECTORS["ret.value"](a)
+    if len(fr.idx):
+        fixes["ret.value"] += len(fr.idx)
+        unexpected = fr.extra["kind"] == 2
+        s.has_ret[fr.idx[unexpected]] = False
+        s.ret[fr.idx[unexpected]] = 0
+        _resample_ret(s, fr.idx[~unexpected], rng)
+    fc = DETECTORS["comm.value"](a)
+    if len(fc.idx):
+        fixes["comm.value"] += len(fc.idx)
+        c = s.c
+        for lo in range(0, len(fc.idx), _CHUNK):
+            i = fc.idx[lo : lo + _CHUNK]
+            w = c.comm_weight[s.ev[i]]
+            s.comm[i] = _sample_rows(w, rng)
+
+
+def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
+    c = s.c
+    a = s.arrays()
+    ft, fc = DETECTORS["cpu.tid"](a), DETECTORS["cpu.comm"](a)
+    bad = np.union1d(ft.idx, fc.idx)
+    if len(bad):
+        fixes["cpu.tid"] += len(ft.idx)
+        fixes["cpu.comm"] += len(fc.idx)
+        rows = tid_rule_rows(a)[bad]
+        k = c.cpu_comm_weight.shape[1]
+        w = np.ones((len(bad), k))
+        has_t = rows >= 0
+        w[has_t] *= c.cpu_tid_weight[rows[has_t]]
+        cm = s.comm[bad]
+        has_c = (cm >= 0) & (cm < len(c.cpu_comm_enforced))
+        has_c[has_c] &= c.cpu_comm_enforced[cm[has_c]]
+        wc = w.copy()
+        wc[has_c] *= c.cpu_comm_weight[cm[has_c]]
+        w = np.where((wc.sum(axis=1) > 0)[:, None], wc, w)
+        s.cpu[bad] = _sample_rows(w, rng)
+    # a thread that shows up on a CPU while still current on another moves back there; the move
+    # walks along the thread's events until its old segment ends, so repeat until settled
+    for _ in range(256):
+        f1 = DETECTORS["sched.one_cpu"](s.arrays())
+        if not len(f1.idx):
+            break
+        fixes["sched.one_cpu"] += len(f1.idx)
+        s.cpu[f1.idx] = f1.expected
+    a = s.arrays()
+    fs = DETECTORS["sched.consistency"](a)
+    if len(fs.idx):
+        fixes["sched.consistency"] += len(fs.idx)
+        s.tid[fs.idx] = fs.expected
+        # the thread's command: the one its other events carry
+        known = (s.tid >= 0) & (s.comm >= 0)
+        u, first = np.unique(s.tid[known], return_index=True)
+        comm_of = s.comm[known][first]
+        pos = np.minimum(np.searchsorted(u, fs.expected), max(0, len(u) - 1))
+        hit = (len(u) > 0) & (u[pos] == fs.expected) if len(u) else np.zeros(len(fs.idx), bool)
+        s.comm[fs.idx[hit]] = comm_of[pos[hit]]
+
+
+def _fix_time(s: _State, fixes: Counter[str]) -> None:
+    if s.n < 2:
+        return
+    a = s.arrays()
+    lo, hi, _ = dt_bounds(a)
+    dt = np.diff(s.ts)
+    new = np.clip(np.maximum(dt, 0), lo, hi)
+    moved = new != dt
+    if moved.any():
+        fe, ft = DETECTORS["dt.event"](a), DETECTORS["dt.transition"](a)
+        fixes["dt.event"] += len(fe.idx)
+        fixes["dt.transition"] += len(ft.idx)
+        fixes["time.monotonic"] += int((dt < 0).sum())
+        s.dt_changed[1:] |= moved
+        s.ts = np.concatenate([s.ts[:1], s.ts[0] + np.cumsum(new)])
+
+
+def _violations(s: _State) -> int:
+    found = detect_all(s.arrays())
+    return sum(len(f.idx) for f in found.values())
+
+
+def repair_trace(
+    trace: Trace, rules: Rules, seed: int = 0, max_rounds: int = 16, keep_inserted_ts: bool = True
+) -> tuple[Trace, RepairReport]:
+    """Repair a trace so that check_trace reports zero violations; deterministic for a seed."""
+    del keep_inserted_ts
+    rng = np.random.default_rng(seed)
+    a0 = TraceArrays(trace, rules)
+    before = sum(len(f.idx) for f in detect_all(a0).values())
+    s = _State(a0)
+    fixes: Counter[str] = Counter()
+    rounds = 0
+    remaining = before
+    while remaining and rounds < max_rounds:
+        rounds += 1
+        _fix_pairing(s, fixes, rng)
+        _fix_transitions(s, fixes, rng)
+        _fix_values(s, fixes, rng)
+        _fix_cpus(s, fixes, rng)
+        _fix_time(s, fixes)
+        remaining = _violations(s)
+    dropped = 0
+    while remaining:
+        # last resort: drop what still violates, then let one repair round mend the seams; the
+        # trace shrinks every time, so this ends
+        rounds += 1
+        found = detect_all(s.arrays())
+        bad = np.unique(
+            np.concatenate(
+                [f.idx for r, f in found.items() if r not in ("dt.event", "dt.transition", "time.monotonic")]
+                + [np.zeros(0, np.int64)]
+            )
+        )
+        if len(bad):
+            dropped += len(bad)
+            s.edit(np.zeros(0, np.int64), {}, bad)
+            _fix_pairing(s, fixes, rng, insert=False)
+            _fix_transitions(s, fixes, rng)
+            _fix_values(s, fixes, rng)
+            _fix_cpus(s, fixes, rng)
+        _fix_time(s, fixes)
+        remaining = _violations(s)
+    out = _to_trace(s, trace)
+    report = _report(a0, s, fixes, rounds, dropped, before)
+    return out, report
+
+
+def _to_trace(s: _State, like: Trace) -> Trace:
+    c = s.c
+    ev = pa.DictionaryArray.from_arrays(pa.array(s.ev.astype(np.int32)), pa.array(c.names, pa.string()))
+    comm_idx = pa.array(s.comm.astype(np.int32), mask=s.comm < 0)
+    comm = pa.DictionaryArray.from_arrays(comm_idx, pa.array(c.comms or [""], pa.string()))
+    table = pa.table(
+        [
+            pa.array(s.ts, pa.int64()),
+            ev,
+            pa.array(s.cpu.astype(np.int32), mask=s.cpu < 0),
+            pa.array(s.tid, mask=s.tid < 0),
+            comm,
+            pa.array(s.ret, mask=~s.has_ret),
+        ],
+        schema=SCHEMA,
+    )
+    meta = dict(like.metadata)
+    meta["repaired"] = True
+    return Trace(table, meta)
+
+
+def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, dropped: int, before: int) -> RepairReport:
+    kept = s.origin >= 0
+    o = s.origin[kept]
+    cols = {
+        "event": s.ev[kept] != a0.ev[o],
+        "cpu": s.cpu[kept] != a0.cpu[o],
+        "tid": s.tid[kept] != a0.tid[o],
+        "comm": s.comm[kept] != a0.comm[o],
+        "ret": (s.has_ret[kept] != a0.has_ret[o]) | (s.has_ret[kept] & (s.ret[kept] != a0.ret[o])),
+        "dt": s.dt_changed[kept],
+    }
+    any_col = np.zeros(int(kept.sum()), dtype=bool)
+    for v in cols.values():
+        any_col |= v
+    inserted = int((~kept).sum())
+    deleted = a0.n - int(kept.sum())
+    return RepairReport(
+        events_in=a0.n,
+        events_out=s.n,
+        rounds=rounds,
+        fixes={r: int(fixes.get(r, 0)) for r in RULES},
+        columns={k: int(v.sum()) for k, v in cols.items()},
+        inserted=inserted,
+        deleted=deleted,
+        modified=int(any_col.sum()),
+        dropped_in_fallback=dropped,
+        violations_before=before,
+        violations_after=0,
+    )
