@@ -135,10 +135,13 @@ def validate_cmd(
     repeats: int = typer.Option(5, "--repeats", help="Timed runs per held-out shape (median reported)."),
 ) -> None:
     """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase."""
+    from dooly.errors import DoolyError
     from dooly.predictor import Predictor, mape, method_errors, validate_model
     from dooly.profiler import context_for, resolve_model
     from dooly.store import ProfileStore
 
+    if not db.exists():
+        raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
     engine, threads = _setup(device, dtype, threads)
     name, cfg = resolve_model(model)
     if method == "auto":
