@@ -10,7 +10,7 @@ threads are derived from sched_switch. Then, each in a fresh subprocess, at two 
 - `read_lttng`: the whole reader, building the Trace table.
 
 For each: wall-clock events/s, the ratio to babeltrace2's wall rate measured in the same run, CPU
-seconds (ours and babeltrace2's child process), and peak RSS of the Python process. The machine's
+seconds (ours and babeltrace2's child process), and peak RSS (VmHWM) of the Python process. The machine's
 2 cores are shared, so wall rates move with the load; `cpu-bound` is events / max(our CPU,
 babeltrace2's CPU): the rate when the pipeline's two processes each have a core.
 
@@ -84,8 +84,10 @@ else:
 wall = time.perf_counter() - t0
 cpu = time.process_time() - c0
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+# VmHWM, not ru_maxrss: Linux carries the forking parent's peak RSS into ru_maxrss across exec
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"events": n, "wall": wall, "cpu": cpu, "child_cpu": kids.ru_utime + kids.ru_stime,
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_mb": hwm / 1024}))
 """
 
 

@@ -127,3 +127,13 @@ def test_unwritable_traces_raise(tmp_path: Path, trace: Trace, message: str) -> 
     with pytest.raises(TraceSynthError, match=message):
         write_ctf(trace, tmp_path / "t")
     assert not (tmp_path / "t").exists()
+
+
+def test_negative_and_widening_timestamps_roundtrip(tmp_path: Path) -> None:
+    """Seconds that change width within a block, and times before the clock origin."""
+    ts = [-1_500_000_000, -5, 0, 9_999_999_999, 10_000_000_000, 123_456_789_012]
+    trace = Trace.from_columns(
+        ts, ["a", "b", "c", "d", "e", "f"], cpu=[0, 0, 1, 0, 1, 0], ret=[None, -1, 2, 3, None, 4]
+    )
+    write_ctf(trace, tmp_path / "t")
+    assert read_lttng(tmp_path / "t") == trace
