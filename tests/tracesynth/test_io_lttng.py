@@ -23,6 +23,7 @@ from tracesynth.io.babeltrace import (
     _PRETTY_PARAMS,
     Field,
     _lines_from_block,
+    _take_lines,
     _unescape,
     ctf_metadata,
     import_bt2,
@@ -133,6 +134,15 @@ def test_fast_parser_matches_regex_reference(tmp_path: Path) -> None:
 
 def test_fast_parser_matches_regex_reference_on_wget(lttng_wget: Path) -> None:
     _assert_parsers_agree(_pretty_text(lttng_wget))  # hex ints, enums, nested payloads, long strings
+
+
+def test_take_lines_cuts_at_the_last_newline() -> None:
+    buf, nbytes, rest = _take_lines([b"ab\ncd", b"ef\ngh"], 10, done=False)
+    assert bytes(buf[:nbytes]) == b"ab\ncdef\n" and rest == [b"gh"] and not buf[nbytes:].any()
+    buf, nbytes, rest = _take_lines(rest, 2, done=True)  # the stream's last line lacks its newline
+    assert bytes(buf[:nbytes]) == b"gh\n" and rest == []
+    buf, nbytes, rest = _take_lines([b"abc"], 3, done=False)  # no whole line yet
+    assert nbytes == 0 and rest == [b"abc"]
 
 
 def test_unescape_matches_babeltrace2_escapes() -> None:

@@ -75,7 +75,7 @@ def export(
     to: str = typer.Option("ctf", "--to", help=f"Output format: {', '.join(EXPORT_FORMATS)}."),
     format: str = typer.Option(None, "--format", help="Force the input format (default: detect)."),
 ) -> None:
-    """Write a trace as LTTng-style CTF (babeltrace2 / Trace Compass open it) or as Parquet."""
+    """Write a trace as LTTng-style kernel CTF (babeltrace2 reads it back) or as Parquet."""
     if to not in EXPORT_FORMATS:
         raise TraceSynthError(f"unknown export format {to!r} (choose from {', '.join(EXPORT_FORMATS)})")
     trace = _read(trace_path, format)

@@ -398,15 +398,19 @@ def _strings_from_segments(buf: np.ndarray, start: np.ndarray, length: np.ndarra
 class _Block:
     """One block of babeltrace2 pretty lines, parsed with numpy/arrow searches instead of regex captures."""
 
-    def __init__(self, lines: pa.StringArray) -> None:
-        """`lines`: each element one whole line with its newline, offset 0, no nulls."""
+    def __init__(self, lines: pa.StringArray, padded: np.ndarray | None = None) -> None:
+        """`lines`: each element one whole line with its newline, offset 0, no nulls. `padded`: the
+        lines' data buffer as numpy, already followed by _PAD zero bytes (else it is copied)."""
         _, offsets, data = lines.buffers()
         self.lines = lines
         self.n = len(lines)
         off = np.frombuffer(offsets, dtype=np.int32, count=self.n + 1).astype(np.int64)
-        self.buf = np.zeros(int(off[-1]) + _PAD, dtype=np.uint8)
-        if self.n:
-            self.buf[: int(off[-1])] = np.frombuffer(data, dtype=np.uint8, count=int(off[-1]))
+        if padded is not None:
+            self.buf = padded
+        else:
+            self.buf = np.zeros(int(off[-1]) + _PAD, dtype=np.uint8)
+            if self.n:
+                self.buf[: int(off[-1])] = np.frombuffer(data, dtype=np.uint8, count=int(off[-1]))
         self.starts = off[:-1]
         self.ends = off[1:] - 1  # the newline
         self._finds: dict[str, np.ndarray] = {}
@@ -419,13 +423,19 @@ class _Block:
         self._subs: dict[tuple[str, ...], tuple[_Block, np.ndarray]] = {}
 
     @classmethod
-    def from_bytes(cls, block: bytes) -> _Block:
-        buf = np.frombuffer(block, dtype=np.uint8)
-        nl = np.flatnonzero(buf == 10)
+    def from_buffer(cls, padded: np.ndarray, nbytes: int) -> _Block:
+        """Lines of padded[:nbytes] (whole lines), where padded[nbytes:] holds >= _PAD zero bytes."""
+        nl = np.flatnonzero(padded[:nbytes] == 10)
         offsets = np.empty(len(nl) + 1, dtype=np.int32)
         offsets[0] = 0
         offsets[1:] = nl + 1
-        return cls(pa.StringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(block)))
+        return cls(pa.StringArray.from_buffers(len(nl), pa.py_buffer(offsets), pa.py_buffer(padded)), padded)
+
+    @classmethod
+    def from_bytes(cls, block: bytes) -> _Block:
+        padded = np.zeros(len(block) + _PAD, dtype=np.uint8)
+        padded[: len(block)] = np.frombuffer(block, dtype=np.uint8)
+        return cls.from_buffer(padded, len(block))
 
     def subset(self, key: tuple[str, ...], rows: np.ndarray) -> tuple[_Block, np.ndarray]:
         """A block of only the selected lines (cached per event filter) and their row numbers."""
@@ -480,19 +490,24 @@ class _Block:
         return self._backslashes
 
 
-def parse_pretty_block(block: bytes, fields: Sequence[Field] = (), source: str | Path | None = None) -> pa.RecordBatch:
+def parse_pretty_block(
+    block: bytes | np.ndarray, fields: Sequence[Field] = (), source: str | Path | None = None, nbytes: int = -1
+) -> pa.RecordBatch:
     """Parse whole lines of our sink.text.pretty output into a RecordBatch (ts, event, cpu, *fields).
+
+    `block` is bytes, or a uint8 array whose first `nbytes` bytes are the lines, followed by at
+    least 64 zero bytes (what iter_ctf_batches builds, to avoid copies).
 
     Positions come from arrow's substring search and values from numpy digit arithmetic; rows
     the fast path cannot decode (hex or enum integers, escaped strings, odd scopes) go through
     the regex parser, so the result always equals parse_pretty_lines_regex's.
     """
-    b = _Block.from_bytes(block)
+    b = _Block.from_buffer(block, nbytes) if isinstance(block, np.ndarray) else _Block.from_bytes(block)
     n, buf, starts = b.n, b.buf, b.starts
     if n == 0:
         return empty_batch(fields)
     neg = buf[starts + 1] == 45
-    k = int(block[:64].find(b"."))  # "[SECONDS.": the same width on every line of a block, mostly
+    k = bytes(buf[:64]).find(b".")  # "[SECONDS.": the same width on every line of a block, mostly
     if k > 1 and not neg.any() and (buf[starts + k] == 46).all():
         digits = _gather(buf, starts + 1, k + 9) - np.uint8(48)  # seconds, '.', nanoseconds
         sec = _horner(digits[:, : k - 1], np.full(n, k - 1))
@@ -534,11 +549,25 @@ def parse_pretty_block(block: bytes, fields: Sequence[Field] = (), source: str |
     return pa.RecordBatch.from_pydict(cols)
 
 
+_MATCHES: dict[tuple[tuple[str, ...], str], bool] = {}
+
+
+def _matches(patterns: tuple[str, ...], name: str) -> bool:
+    """fnmatch of an event name against patterns, memoised (asked for every batch's vocabulary)."""
+    key = (patterns, name)
+    hit = _MATCHES.get(key)
+    if hit is None:
+        if len(_MATCHES) > 100_000:
+            _MATCHES.clear()
+        hit = _MATCHES[key] = any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    return hit
+
+
 def _fast_field(b: _Block, f: Field, names: list[str], codes: np.ndarray) -> pa.Array:
     type_ = pa.int64() if f.kind == "int" else _DICT
     if f.events is None:
         return _field_values(b, f)
-    wanted = [i for i, nm in enumerate(names) if any(fnmatch.fnmatchcase(nm, p) for p in f.events)]
+    wanted = [i for i, nm in enumerate(names) if _matches(f.events, nm)]
     if not wanted:
         return pa.nulls(b.n, type=type_)
     rows = np.isin(codes, wanted)
@@ -715,7 +744,7 @@ def _extract_field(lines: pa.Array, f: Field, names: list[str], codes: pa.Array)
         sel = None
         subset = lines
     else:
-        wanted = [i for i, nm in enumerate(names) if any(fnmatch.fnmatchcase(nm, p) for p in f.events)]
+        wanted = [i for i, nm in enumerate(names) if _matches(f.events, nm)]
         if not wanted:
             return pa.nulls(n, type=type_)
         sel = pc.is_in(codes, pa.array(wanted, type=codes.type))
@@ -754,6 +783,40 @@ def _drain(stream: Any, q: queue.Queue, chunk: int, stop: threading.Event) -> No
         pass
     finally:
         q.put(None)
+
+
+def _take_lines(chunks: list[bytes], size: int, done: bool) -> tuple[np.ndarray, int, list[bytes]]:
+    """Copy the whole lines of `chunks` into one zero-padded buffer: (buffer, its line bytes, rest).
+
+    At the end of the stream (done) everything is taken, with a final newline added if missing.
+    """
+    cut, acc = -1, size
+    if done:
+        cut = size
+    else:
+        for chunk in reversed(chunks):
+            acc -= len(chunk)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                cut = acc + i + 1
+                break
+    if cut <= 0:
+        return np.zeros(_PAD, dtype=np.uint8), 0, chunks
+    buf = np.empty(cut + 1 + _PAD, dtype=np.uint8)
+    pos, rest = 0, []
+    for chunk in chunks:
+        take = max(0, min(len(chunk), cut - pos))
+        if take:
+            buf[pos : pos + take] = np.frombuffer(chunk, dtype=np.uint8, count=take)
+        if take < len(chunk):
+            rest.append(chunk[take:])
+        pos += take
+    nbytes = cut
+    if done and buf[cut - 1] != 10:
+        buf[cut] = 10
+        nbytes += 1
+    buf[nbytes:] = 0
+    return buf, nbytes, rest
 
 
 def iter_ctf_batches(
@@ -796,15 +859,10 @@ def iter_ctf_batches(
                     pending.append(data)
                     size += len(data)
                 if size >= batch_bytes or (done and size):
-                    block = b"".join(pending)
-                    cut = len(block) if done else block.rfind(b"\n") + 1
-                    rest = block[cut:]
-                    pending, size = ([rest], len(rest)) if rest else ([], 0)
-                    if cut:
-                        if done and not block.endswith(b"\n"):
-                            block += b"\n"
-                            cut += 1
-                        batch = parse_pretty_block(block[:cut], fields, path)
+                    block, nbytes, pending = _take_lines(pending, size, done)
+                    size = sum(len(p) for p in pending)
+                    if nbytes:
+                        batch = parse_pretty_block(block, fields, path, nbytes=nbytes)
                         if on_progress is not None:
                             on_progress(batch.num_rows)
                         yield batch

@@ -1,4 +1,4 @@
-"""Write a Trace as a CTF 1.8 trace that babeltrace2 (and Trace Compass) open like an LTTng kernel trace.
+"""Write a Trace as a CTF 1.8 trace laid out like an LTTng kernel trace (babeltrace2 reads it back).
 
 Layout (what `read_lttng` reads back exactly):
 
