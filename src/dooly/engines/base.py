@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,11 @@ class Engine(ABC):
     @abstractmethod
     def advance(self, inputs: Mapping[str, Any], next_tokens: Any) -> dict[str, Any]:
         """Inputs of the following decode step (reusing the cache that ``forward`` just extended)."""
+
+    def tracing_context(self) -> AbstractContextManager[None]:
+        """Entered while the tracer runs the engine on fake tensors: make the engine's code take the branches it
+        takes on real tensors (engines that special-case tracing must switch that off here)."""
+        return nullcontext()
 
     def describe(self, model: Any) -> dict[str, Any]:
         """Engine settings the model runs with (attention implementation, dtype, ...), for trace metadata."""

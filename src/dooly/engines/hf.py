@@ -5,7 +5,8 @@ Everything here is architecture-agnostic: the model class comes from ``AutoModel
 positions are computed by the model's own code. Engine settings are transformers' defaults (attention
 implementation ``sdpa`` where the model supports it, otherwise ``eager``; experts implementation ``grouped_mm``
 where the model has one) and, like ``generate()``, only the last position's logits are computed
-(``logits_to_keep=1``) and the next token is picked greedily.
+(``logits_to_keep=1``) and the next token is picked greedily, under ``torch.no_grad()`` as ``generate()`` runs (so
+composite ops such as ``linear`` and ``scaled_dot_product_attention`` decompose into the kernels that really run).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from dooly.engines.base import Engine, RequestShape
@@ -99,6 +101,20 @@ class HFEagerEngine(Engine):
         model.eval()
         return model
 
+    @contextmanager
+    def tracing_context(self) -> Iterator[None]:
+        # transformers takes a "tracing" path when it sees a FakeTensor (always build the attention mask, never read
+        # its values, repeat_kv instead of sdpa's GQA). A real run reads the mask (``mask.all()``) and skips it;
+        # the tracer supplies those reads from real values, so let transformers treat fake tensors as real ones.
+        from transformers.utils import import_utils
+
+        original = import_utils.is_fake_tensor
+        import_utils.is_fake_tensor = lambda x: False
+        try:
+            yield
+        finally:
+            import_utils.is_fake_tensor = original
+
     def describe(self, model: Any) -> dict[str, Any]:
         cfg = model.config
         return {
@@ -128,7 +144,7 @@ class HFEagerEngine(Engine):
             # fill the cache with the engine's own prefill: exactly what the cache holds mid-generation
             ids = torch.zeros(shape.requests, shape.kv_len, dtype=torch.long, device=dev)
             mask = torch.ones(shape.requests, shape.kv_len, dtype=torch.long, device=dev)
-            with torch.inference_mode(), warnings.catch_warnings():
+            with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
         inputs: dict[str, Any] = {
@@ -144,7 +160,7 @@ class HFEagerEngine(Engine):
     def forward(self, model: Any, inputs: Mapping[str, Any]) -> Any:
         import torch
 
-        with torch.inference_mode(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = model(**inputs)
             return out.logits[:, -1, :].argmax(dim=-1)

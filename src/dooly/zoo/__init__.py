@@ -1,0 +1,89 @@
+"""The model zoo: published architecture numbers of real models, one JSON file each (weights are random).
+
+A zoo file is ``{"name", "family", "hf_repo", "params_billion", "notes", "config": {...config.json fields...}}``.
+:func:`load_config` also accepts a path to any Hugging Face ``config.json`` or to a local model directory that
+holds one, so a model outside the zoo is traced the same way (nothing downloads).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dooly.errors import DoolyError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model to trace: its name, its config.json dict (``model_type`` included) and where it came from."""
+
+    name: str
+    config: dict[str, Any] = field(hash=False)
+    source: str = ""
+    family: str = ""
+    hf_repo: str = ""
+    params_billion: float | None = None
+
+
+def _zoo_dir() -> Path:
+    return Path(str(resources.files("dooly.zoo")))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise DoolyError(f"{path}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:
+        raise DoolyError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _from_zoo_file(path: Path) -> ModelConfig:
+    doc = _read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        raise DoolyError(f"{path}: a zoo file needs a 'config' object")
+    cfg = doc["config"]
+    if not cfg.get("model_type"):
+        raise DoolyError(f"{path}: config has no 'model_type'")
+    return ModelConfig(
+        name=str(doc.get("name") or path.stem),
+        config=cfg,
+        source=str(path),
+        family=str(doc.get("family", cfg["model_type"])),
+        hf_repo=str(doc.get("hf_repo", "")),
+        params_billion=doc.get("params_billion"),
+    )
+
+
+def list_models() -> list[ModelConfig]:
+    """Every zoo model, sorted by name."""
+    return [_from_zoo_file(p) for p in sorted(_zoo_dir().glob("*.json"))]
+
+
+def load_config(name_or_path: str | Path) -> ModelConfig:
+    """A zoo model by name, or a ``config.json`` / zoo-style JSON file, or a local model directory."""
+    text = str(name_or_path)
+    zoo_file = _zoo_dir() / f"{text}.json"
+    if "/" not in text and zoo_file.exists():
+        return _from_zoo_file(zoo_file)
+    path = Path(text)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise DoolyError(f"{path}: model directory has no config.json")
+        path = path / "config.json"
+    if not path.exists():
+        names = ", ".join(m.name for m in list_models())
+        raise DoolyError(f"{text}: not a zoo model or a config file (zoo: {names})")
+    doc = _read_json(path)
+    if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
+        return _from_zoo_file(path)
+    if not isinstance(doc, dict) or not doc.get("model_type"):
+        raise DoolyError(f"{path}: not a Hugging Face config.json (no 'model_type')")
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return ModelConfig(name=name or path.stem, config=doc, source=str(path), family=str(doc["model_type"]))
+
+
+__all__ = ["ModelConfig", "list_models", "load_config"]

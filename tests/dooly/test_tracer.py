@@ -1,0 +1,164 @@
+"""Tracing: what the eager engine really runs, labelled by provenance, with no per-model code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from dooly.engines import RequestShape, get_engine
+from dooly.errors import DoolyError
+from dooly.signature import ModelTrace
+from dooly.tracer import overlap_matrix, trace_model
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "dooly"
+
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_prefill() -> ModelTrace:
+    return trace_model(TINY, "prefill", name="tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_decode() -> ModelTrace:
+    return trace_model(TINY, "decode", name="tiny")
+
+
+def _ops(trace: ModelTrace, name: str) -> list:
+    return [r for r in trace.records if r.signature.op == name]
+
+
+def test_prefill_records_real_kernels_with_request_expressions(tiny_prefill: ModelTrace) -> None:
+    mms = _ops(tiny_prefill, "aten.mm.default")
+    # q, k, v, o, gate, up, down per layer + lm_head
+    assert len(mms) == 7 * 2 + 1
+    q = mms[0].signature.inputs
+    assert q[0].shape == ("requests*tokens", 64) and q[1].shape == (64, 64)
+    assert q[1].stride == (1, 64)  # the transposed weight view the linear kernel really receives
+    assert mms[0].module == "model.layers.0.self_attn.q_proj" and mms[0].layer == 0
+    # like generate(): only the last position reaches the LM head
+    assert mms[-1].signature.inputs[0].shape == ("requests", 64)
+    attn = _ops(tiny_prefill, "aten._scaled_dot_product_flash_attention_for_cpu.default")
+    assert len(attn) == 2
+    # what a real CPU run does: the padding mask is read (all ones), skipped, and sdpa runs causal with
+    # grouped-query attention on the 2 KV heads (no repeat_kv, no materialised mask)
+    assert [t.shape for t in attn[0].signature.inputs] == [("requests", 4, "tokens", 16)] + [
+        ("requests", 2, "tokens", 16)
+    ] * 2
+    assert attn[0].signature.args.startswith('{"args":[{"tensor":0},{"tensor":1},{"tensor":2},0.0,true]')  # is_causal
+    assert any(r.signature.op == "aten._local_scalar_dense.default" for r in tiny_prefill.records)
+    assert tiny_prefill.unique()[mms[1].signature] == 4  # k_proj and v_proj of both layers: one signature
+    assert tiny_prefill.hints == {"requests": 3, "tokens": 37}
+    assert all("kv_len" not in r.signature.symbols() for r in tiny_prefill.records)
+
+
+def test_decode_attends_over_the_cache(tiny_decode: ModelTrace) -> None:
+    attn = _ops(tiny_decode, "aten._scaled_dot_product_flash_attention_for_cpu.default")
+    assert len(attn) == 2
+    k = attn[0].signature.inputs[1]
+    assert "kv_len + 1" in k.shape
+    cats = [r for r in _ops(tiny_decode, "aten.cat.default") if "kv_len" in r.signature.symbols()]
+    assert len(cats) == 4  # DynamicCache appends k and v in each layer
+    assert all("tokens" not in r.signature.symbols() for r in tiny_decode.records)
+
+
+def test_config_value_equal_to_the_dummy_request_size_stays_model() -> None:
+    # intermediate_size == tokens and num_attention_heads == requests at the dummy values
+    cfg = dict(TINY, intermediate_size=37, num_attention_heads=3, num_key_value_heads=3, hidden_size=48)
+    tr = trace_model(cfg, "prefill", hints={"requests": 3, "tokens": 37})
+    mms = _ops(tr, "aten.mm.default")
+    up = [r for r in mms if r.module.endswith("up_proj")][0].signature
+    assert up.inputs[0].shape == ("requests*tokens", 48)
+    assert up.inputs[1].shape == (48, 37)  # 37 is the MLP width: an int, not "tokens"
+    down = [r for r in mms if r.module.endswith("down_proj")][0].signature
+    assert down.inputs[0].shape == ("requests*tokens", 37)
+    attn = _ops(tr, "aten._scaled_dot_product_flash_attention_for_cpu.default")[0].signature
+    assert attn.inputs[0].shape == ("requests", 3, "tokens", 16)  # heads 3 == requests 3, still a constant
+
+
+def test_mlp_width_changes_only_mlp_signatures(tiny_prefill: ModelTrace) -> None:
+    other = trace_model(dict(TINY, intermediate_size=160), "prefill")
+
+    def part(tr: ModelTrace, key: str) -> set:
+        return {r.signature for r in tr.records if f".{key}" in r.module}
+
+    a_attn, b_attn = part(tiny_prefill, "self_attn"), part(other, "self_attn")
+    a_mlp, b_mlp = part(tiny_prefill, "mlp"), part(other, "mlp")
+    assert a_attn and a_attn == b_attn
+    assert a_mlp and b_mlp
+    a_mm = {s for s in a_mlp if s.op == "aten.mm.default"}
+    b_mm = {s for s in b_mlp if s.op == "aten.mm.default"}
+    assert len(a_mm) == 2 and not (a_mm & b_mm)  # gate+up share one signature, down another; all differ
+    m = overlap_matrix([tiny_prefill, other])
+    assert m[0][0] == 1.0 and 0.5 < m[0][1] < 1.0
+
+
+class _RealOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, list[tuple[int, ...]]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func.namespace != "prim":
+            flat, _ = tree_flatten((args, kwargs))
+            seen: dict[int, tuple[int, ...]] = {}
+            for t in flat:
+                if isinstance(t, torch.Tensor):
+                    seen.setdefault(id(t), tuple(t.shape))
+            self.ops.append((str(func), list(seen.values())))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_trace_matches_a_real_eager_run(phase: str, tiny_prefill: ModelTrace, tiny_decode: ModelTrace) -> None:
+    trace = tiny_prefill if phase == "prefill" else tiny_decode
+    engine = get_engine()
+    torch.manual_seed(0)
+    model = engine.build_model(TINY)
+    h = trace.hints
+    shape = RequestShape(h["requests"], h.get("tokens", 1), h.get("kv_len", 0))
+    inputs = engine.prepare(model, shape)
+    rec = _RealOps()
+    with rec:
+        engine.forward(model, inputs)
+    traced = [(r.signature.op, [s for s, _ in r.signature.concrete(h)[0]]) for r in trace.records]
+    assert [o for o, _ in traced] == [o for o, _ in rec.ops]
+    assert traced == rec.ops
+
+
+def test_no_architecture_names_in_tracer_sources() -> None:
+    names = r"llama|qwen|mistral|mixtral|gemma|phi|opt|gpt|falcon|bloom|deepseek|olmo|smollm"
+    pattern = re.compile(rf"\b({names})[\w.-]*", re.IGNORECASE)
+    files = [SRC / "tracer.py", SRC / "taint.py", SRC / "signature.py", *sorted((SRC / "engines").glob("*.py"))]
+    assert len(files) >= 5
+    hits = []
+    for f in files:
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            for m in pattern.finditer(line):
+                hits.append(f"{f.name}:{n}: {m.group(0)}")
+    assert not hits, "architecture-specific names in the tracer: " + "; ".join(hits)
+
+
+def test_bad_phase_and_bad_config_are_clear_errors() -> None:
+    with pytest.raises(DoolyError, match="phase"):
+        trace_model(TINY, "train")
+    with pytest.raises(DoolyError, match="model_type"):
+        trace_model({"hidden_size": 8}, "prefill")
+    with pytest.raises(DoolyError, match="nonexistent_arch"):
+        trace_model({"model_type": "nonexistent_arch"}, "prefill")
