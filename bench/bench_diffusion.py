@@ -95,7 +95,7 @@ def train_rate(cfg: TraceSynthConfig, vocab: dict[str, int], steps: int) -> floa
     """Training events/s of one configuration on random tokens (cost does not depend on values)."""
     torch.manual_seed(0)
     model = TraceDenoiser(cfg, vocab)
-    loss_mod = DiffusionLoss(model, NoiseSchedule(cfg.timesteps), cfg.aux_weight)
+    loss_mod = DiffusionLoss(model, NoiseSchedule(cfg.timesteps), cfg.aux_weight, cfg.prediction)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     B, L = cfg.batch_size, cfg.context
     batch = {c: torch.randint(0, vocab[c], (B, L)) for c in model.discrete}
@@ -120,11 +120,11 @@ def pass_seconds(cfg: TraceSynthConfig, vocab: dict[str, int], windows: int, rep
     model = TraceDenoiser(cfg, vocab).eval()
     x = torch.randn(windows, cfg.context, model.latent)
     t = torch.full((windows,), 500)
-    model.snap(model(x, t))
+    model.soft_snap(model(x, t))
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        model.snap(model(x, t))  # a sampler step: denoiser pass plus the clamp to token embeddings
+        model.soft_snap(model(x, t))  # a sampler step: denoiser pass plus the clamp to token embeddings
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -133,9 +133,7 @@ def bench_throughput(codec6: ChannelCodec, quick: bool) -> list[dict]:
     rows = []
     for L in (256, 1024, 4096):
         for ch in (2, 6):
-            cfg = TraceSynthConfig(
-                context=L, channels=ch, batch_size=max(1, 8192 // L) if quick else max(2, 16384 // L)
-            )
+            cfg = TraceSynthConfig(context=L, channels=ch, batch_size=max(1, 8192 // L))
             vocab = {c: v for c, v in codec6.vocab_sizes.items() if c in cfg.channel_names}
             tr = train_rate(cfg, vocab, 2 if quick else 4)
             w = max(1, 8192 // L)
@@ -183,26 +181,34 @@ def fit_for(train: Trace, seconds: float, **kw) -> TraceSynth:
 
 
 def bench_patching(train: Trace, test: Trace, seconds: float, n_events: int) -> list[dict]:
+    """Equal training time per variant: plain (P=1) vs patched (P=4) at L=256 and 1024, and the
+    network's parametrisation (x0 with soft clamping, the default, vs noise prediction with hard)."""
+    variants = [
+        ("L=256  P=1 (plain)", {"context": 256, "patch": 1}),
+        ("L=256  P=4", {"context": 256, "patch": 4}),
+        ("L=1024 P=1 (plain)", {"context": 1024, "patch": 1}),
+        ("L=1024 P=4 (default)", {"context": 1024, "patch": 4}),
+        ("L=1024 P=4 eps-prediction, hard clamp", {"context": 1024, "patch": 4, "prediction": "eps", "clamp": "hard"}),
+    ]
     rows = []
-    for L, patches in ((256, (1, 4)), (1024, (1, 4))):
-        for P in patches:
-            print(f"  L={L} P={P}: train {seconds:.0f} s", flush=True)
-            synth = fit_for(train, seconds, context=L, patch=P, batch_size=max(2, 8192 // L))
-            t0 = time.perf_counter()
-            s = synth.sample(n_events, seed=0)
-            q = quality(s, test)
-            rows.append({"L": L, "patch": P, "steps": synth.history["steps"], **q})
-            print(
-                f"    sample {n_events:,} (ddim-50) in {time.perf_counter() - t0:.0f} s: "
-                f"event JSD {q['event_jsd']:.4f}  bigram JSD {q['bigram_jsd']:.4f}",
-                flush=True,
-            )
+    for label, kw in variants:
+        print(f"  {label}: train {seconds:.0f} s", flush=True)
+        synth = fit_for(train, seconds, batch_size=max(2, 8192 // kw["context"]), **kw)
+        t0 = time.perf_counter()
+        s = synth.sample(n_events, seed=0)
+        q = quality(s, test)
+        rows.append({"variant": label, **kw, "steps": synth.history["steps"], **q})
+        print(
+            f"    sample {n_events:,} (ddim-50) in {time.perf_counter() - t0:.0f} s: "
+            f"event JSD {q['event_jsd']:.4f}  bigram JSD {q['bigram_jsd']:.4f}",
+            flush=True,
+        )
     return rows
 
 
 def bench_done_when(train: Trace, test: Trace, seconds: float, n_events: int, n_anc: int, out: Path) -> dict:
     print(f"  L=1024, 6 channels, patch 4: train {seconds:.0f} s", flush=True)
-    synth = fit_for(train, seconds, context=1024, channels=6, batch_size=8)
+    synth = fit_for(train, seconds, context=1024, channels=6)
     model_dir = out.with_suffix("") / "scimark2-L1024"
     synth.save(model_dir)
     t0 = time.perf_counter()
@@ -277,10 +283,14 @@ def main() -> None:
     )
     res: dict = {"data": str(args.data), "quick": args.quick}
     if "throughput" in parts:
-        print("throughput (random weights and tokens; d_model 128, 4 layers, patch = L // 256):", flush=True)
+        d = TraceSynthConfig()
+        print(
+            f"throughput (random weights and tokens; d_model {d.d_model}, {d.n_layers} layers, patch = L // 256):",
+            flush=True,
+        )
         res["throughput"] = bench_throughput(ChannelCodec.fit([real]), args.quick)
     if "patching" in parts:
-        print("patching cost at equal training time (6 channels):", flush=True)
+        print("patching and parametrisation at equal training time (6 channels):", flush=True)
         res["patching"] = bench_patching(train_val, test, 40 if args.quick else 120, 8192 if args.quick else 32768)
     if "done" in parts:
         print("done-when check (scimark2, L=1024):", flush=True)

@@ -126,7 +126,7 @@ def test_same_seed_same_events_and_survives_save_load(fitted: TraceSynth, tmp_pa
 
 
 def test_two_channel_model_and_patching() -> None:
-    cfg = TraceSynthConfig(**{**TINY, "channels": 2, "patch": 4})
+    cfg = TraceSynthConfig(**{**TINY, "channels": 2, "patch": 4, "prediction": "x0"})
     synth = TraceSynth(cfg).fit([pattern_trace(300)])
     assert synth.model.patch == 4 and set(synth.codec.channels) == {"event", "dt"}
     out = synth.sample(40, seed=0)
@@ -143,6 +143,11 @@ def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
     again.fit([tr], checkpoint_dir=tmp_path / "m")
     assert json.loads((tmp_path / "m" / "config.json").read_text())["step"] == 5
     assert synth.codec == again.codec
+
+
+def test_time_limit_stops_training_early() -> None:
+    synth = TraceSynth(TraceSynthConfig(**{**TINY, "steps": 10_000, "time_limit": 1e-6})).fit([pattern_trace(300)])
+    assert synth.step < 10_000 and synth.history["steps"] == synth.step
 
 
 def test_repair_hook_is_called_with_the_seed(fitted: TraceSynth, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,8 +133,20 @@ class TraceDenoiser(nn.Module):
         return out
 
     def snap(self, x0: torch.Tensor) -> torch.Tensor:
-        """Project a predicted latent onto the token embeddings (the clamping trick)."""
+        """Project a predicted latent onto the nearest token embeddings (hard clamping)."""
         return self.embed(self.round(x0))
+
+    def soft_snap(self, x0: torch.Tensor) -> torch.Tensor:
+        """Replace each discrete part by its expected embedding under softmax(-distance^2) (soft clamping).
+
+        Unlike the hard snap this keeps the uncertainty of high-noise steps, where the nearest token
+        to a blurred prediction is just the most common one (and sampling collapses onto it).
+        """
+        parts = []
+        for c in self.channels:
+            z = self.part(x0, c)
+            parts.append(z if c == "dt" else torch.softmax(self.logits(x0, c), -1) @ self.table(c))
+        return torch.cat(parts, dim=-1)
 
     # -- denoiser -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

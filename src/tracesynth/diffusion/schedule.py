@@ -47,3 +47,8 @@ class NoiseSchedule:
         """The clean latent implied by a noise prediction."""
         a = self.abar(t, x_t)
         return (x_t - (1 - a).sqrt() * eps) / a.sqrt()
+
+    def predict_eps(self, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The noise implied by a clean-latent prediction (samplers consume noise)."""
+        a = self.abar(t, x_t)
+        return (x_t - a.sqrt() * x0) / (1 - a).sqrt()

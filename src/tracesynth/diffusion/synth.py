@@ -163,7 +163,7 @@ class TraceSynth:
         L = cfg.context
         n_win = math.ceil(n_events / L)
         g = torch.Generator(device=dev).manual_seed(int(seed))
-        x0_fn = model.snap if cfg.clamp else None
+        x0_fn = {"soft": model.soft_snap, "hard": model.snap, "none": None}[cfg.clamp]
         outs: dict[str, list[np.ndarray]] = {c: [] for c in self.codec.channels}
         from rich.progress import Progress
 
@@ -173,7 +173,10 @@ class TraceSynth:
                 b = min(cfg.sample_batch, n_win - a)
                 x = torch.randn((b, L, model.latent), generator=g, device=dev)
                 for t in smp.timesteps:
-                    eps = model(x, torch.full((b,), t, device=dev, dtype=torch.long))
+                    tt = torch.full((b,), t, device=dev, dtype=torch.long)
+                    eps = model(x, tt)
+                    if cfg.prediction == "x0":
+                        eps = schedule.predict_eps(x, eps, tt)
                     x = smp.step(eps, t, x, g, x0_fn)
                     bar.advance(task, b)
                 tok = model.round(x)

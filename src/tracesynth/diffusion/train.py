@@ -59,11 +59,12 @@ def init_distributed(device: torch.device) -> bool:
 class DiffusionLoss(nn.Module):
     """One training step's loss, as a module so DDP sees every parameter used in forward()."""
 
-    def __init__(self, model: TraceDenoiser, schedule: NoiseSchedule, aux_weight: float):
+    def __init__(self, model: TraceDenoiser, schedule: NoiseSchedule, aux_weight: float, prediction: str = "eps"):
         super().__init__()
         self.model = model
         self.schedule = schedule
         self.aux_weight = aux_weight
+        self.prediction = prediction
 
     def forward(
         self, batch: dict[str, torch.Tensor], t: torch.Tensor, noise: torch.Tensor
@@ -71,12 +72,19 @@ class DiffusionLoss(nn.Module):
         m = self.model
         x0 = m.embed(batch)
         x_t = self.schedule.add_noise(x0, noise, t)
-        eps = m(x_t, t)
-        loss_eps = F.mse_loss(eps, noise)
-        x0_hat = self.schedule.predict_x0(x_t, eps, t)
-        # Reconstruction from the predicted x0, weighted by alpha-bar: at high noise x0_hat is
-        # necessarily poor and its gradient is amplified by 1/sqrt(abar), so it must not dominate.
-        w = self.schedule.abar(t, x0).view(-1)
+        out = m(x_t, t)
+        if self.prediction == "eps":
+            loss_main = F.mse_loss(out, noise)
+            x0_hat = self.schedule.predict_x0(x_t, out, t)
+            # Reconstruction from the predicted x0, weighted by alpha-bar: at high noise x0_hat is
+            # necessarily poor and its gradient is amplified by 1/sqrt(abar), so it must not dominate.
+            w = self.schedule.abar(t, x0).view(-1)
+        else:
+            # x0 parametrisation: the clean latent is regressed directly (well conditioned at every
+            # t), and at high noise the cross-entropy teaches the token prior.
+            x0_hat = out
+            loss_main = F.mse_loss(out, x0)
+            w = torch.ones_like(t, dtype=x0.dtype)
         aux = x0.new_zeros(())
         for z in (x0, x0_hat):  # the clean latent keeps the embeddings decodable and distinct
             for c in m.discrete:
@@ -84,7 +92,7 @@ class DiffusionLoss(nn.Module):
                 aux = aux + (ce if z is x0 else w * ce).mean()
             se = ((m.dt_pred(z) - batch["dt"]) ** 2).mean(1)
             aux = aux + (se if z is x0 else w * se).mean()
-        return loss_eps + self.aux_weight * aux, loss_eps.detach()
+        return loss_main + self.aux_weight * aux, loss_main.detach()
 
 
 def lr_at(step: int, cfg: TraceSynthConfig, elapsed: float = 0.0) -> float:
@@ -136,7 +144,7 @@ def train(
     rank, size, _ = world()
     schedule = NoiseSchedule(cfg.timesteps, cfg.schedule)
     model.to(device).train()
-    loss_mod = DiffusionLoss(model, schedule, cfg.aux_weight)
+    loss_mod = DiffusionLoss(model, schedule, cfg.aux_weight, cfg.prediction)
     runner: nn.Module = loss_mod
     if distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
