@@ -13,6 +13,7 @@ test: setup
 
 demo: setup
 	$(BIN)/tracesynth demo
+	$(BIN)/dooly demo
 
 lint: setup
 	$(BIN)/ruff check src tests bench
