@@ -258,7 +258,8 @@ def validate_serving(
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
     payload = run_validation(model, db, workload, cfg, threads, dtype, clock)
     print_validation(payload)
-    path = save_result(db, f"validation-{Path(model).stem}", payload)
+    mode = "chunked" if chunked else "whole"
+    path = save_result(db, f"validation-{Path(model).stem}-{mode}{max_tokens}-seqs{max_seqs}", payload)
     out.print(f"result: {path}")
 
 
