@@ -196,3 +196,16 @@ def test_cli_fit_and_sample(tmp_path: Path) -> None:
     assert len(Trace.load(tmp_path / "s.parquet")) == 50
     res = runner.invoke(app, ["sample", str(tmp_path / "nope"), "--events", "5", "-o", str(tmp_path / "x.parquet")])
     assert isinstance(res.exception, TraceSynthError) and not (tmp_path / "x.parquet").exists()
+
+
+def test_cli_sample_with_repair_rules(fitted: TraceSynth, tmp_path: Path) -> None:
+    constraints = pytest.importorskip("tracesynth.constraints")
+    from tracesynth.cli import app
+
+    constraints.mine_rules([pattern_trace()]).save(tmp_path / "rules.json")
+    fitted.save(tmp_path / "m")
+    args = ["sample", str(tmp_path / "m"), "--events", "64", "-o", str(tmp_path / "s.parquet"), "--seed", "2"]
+    res = CliRunner().invoke(app, args + ["--repair", str(tmp_path / "rules.json")])
+    assert res.exit_code == 0, res.output
+    fixed = Trace.load(tmp_path / "s.parquet")
+    assert constraints.check_trace(fixed, constraints.Rules.load(tmp_path / "rules.json")).total == 0
