@@ -1,1 +1,116 @@
-"""Commands registered on the dooly app (filled in by its feature)."""
+"""`dooly trace` (operators and signatures of models, no per-model code) and `dooly zoo` (the model zoo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dooly.cli.app import app
+
+out = Console()
+err = Console(stderr=True)
+
+
+@app.command("trace")
+def trace_cmd(
+    models: list[str] = typer.Argument(..., help="Zoo model names, config.json files or local model directories."),
+    phase: str = typer.Option("both", "--phase", help="prefill, decode or both."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write every trace (records + signatures) here."),
+    device: str = typer.Option("cpu", "--device", help="Engine device: cpu, cuda or auto."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Engine weight/activation dtype."),
+    show_ops: bool = typer.Option(False, "--ops", help="Also list each model's unique signatures."),
+) -> None:
+    """Run one dummy request per phase through the engine and print, per model, the operators it ran, its unique
+    signatures and how many of them the other models given here share."""
+    from dooly.engines import get_engine
+    from dooly.errors import DoolyError
+    from dooly.signature import ModelTrace, traces_to_json
+    from dooly.tracer import trace_model
+    from dooly.zoo import load_config
+
+    phases = ["prefill", "decode"] if phase == "both" else [phase]
+    if any(p not in ("prefill", "decode") for p in phases):
+        raise DoolyError(f"--phase must be prefill, decode or both, got {phase!r}")
+    configs = [load_config(m) for m in models]  # fail on a bad name before any tracing
+    engine = get_engine("hf-eager", device=device, dtype=dtype)
+    traces: list[ModelTrace] = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as bar:
+        task = bar.add_task("tracing", total=len(configs) * len(phases))
+        for cfg in configs:
+            for ph in phases:
+                bar.update(task, description=f"tracing {cfg.name} ({ph})")
+                traces.append(trace_model(cfg.config, ph, name=cfg.name, engine=engine))
+                bar.advance(task)
+
+    table = Table(title=f"dooly trace ({engine.engine_id}, {dtype})")
+    for col in ("model", "phase", "ops", "kernels", "unique", "shared", "seconds"):
+        table.add_column(col, justify="left" if col in ("model", "phase") else "right")
+    for t in traces:
+        mine = set(t.unique())
+        others = set()
+        for o in traces:
+            if o.model != t.model:
+                others |= set(o.unique())
+        shared = len(mine & others)
+        pct = f"{shared} ({100 * shared / len(mine):.0f}%)" if mine else "0"
+        table.add_row(
+            t.model,
+            t.phase,
+            str(len(t.records)),
+            str(len(t.kernels())),
+            str(len(mine)),
+            pct if len(configs) > 1 else "-",
+            f"{t.meta['seconds']:.1f}",
+        )
+    out.print(table)
+    out.print("ops: aten calls in the pass; kernels: calls that are not views; unique: distinct signatures;")
+    out.print("shared: unique signatures that another model given here also has")
+    for t in traces:
+        if t.guards:
+            out.print(f"{t.model} {t.phase} valid while: {'; '.join(t.guards)}", highlight=False)
+    if show_ops:
+        for t in traces:
+            ops = Table(title=f"{t.model} {t.phase}: unique signatures (x multiplicity)")
+            ops.add_column("x", justify="right")
+            ops.add_column("signature")
+            ops.add_column("key")
+            for sig, n in sorted(t.unique().items(), key=lambda kv: -kv[1]):
+                ops.add_row(str(n), str(sig), sig.key[:12])
+            out.print(ops)
+    if json_out is not None:
+        from tracesynth.atomic import atomic_path
+
+        with atomic_path(json_out) as tmp:
+            tmp.write_text(traces_to_json(traces))
+        err.print(f"wrote {len(traces)} traces to {json_out}")
+
+
+@app.command("zoo")
+def zoo_cmd() -> None:
+    """List the model zoo (published architecture numbers; weights are random, nothing downloads)."""
+    from dooly.zoo import list_models
+
+    table = Table(title="dooly model zoo")
+    for col in ("name", "family", "model_type", "params (B)", "layers", "hidden", "heads/kv", "source"):
+        table.add_column(col, justify="right" if col in ("params (B)", "layers", "hidden") else "left")
+    for m in list_models():
+        c = m.config
+        heads = c.get("num_attention_heads", "?")
+        kv = c.get("num_key_value_heads", heads)
+        table.add_row(
+            m.name,
+            m.family,
+            str(c.get("model_type")),
+            "" if m.params_billion is None else f"{m.params_billion:g}",
+            str(c.get("num_hidden_layers", "?")),
+            str(c.get("hidden_size", "?")),
+            f"{heads}/{kv}",
+            m.hf_repo,
+        )
+    out.print(table)

@@ -1,0 +1,58 @@
+"""`dooly trace` and `dooly zoo` end to end (tiny configs; the CLI's error path as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dooly.cli import app
+from dooly.signature import traces_from_json
+
+runner = CliRunner()
+
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+}
+
+
+def test_trace_two_configs_reports_sharing_and_writes_json(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "config.json").write_text(json.dumps(TINY))
+    (b / "config.json").write_text(json.dumps(dict(TINY, intermediate_size=160)))
+    out = tmp_path / "traces.json"
+    res = runner.invoke(app, ["trace", str(a), str(b), "--phase", "prefill", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "shared" in res.output
+    traces = traces_from_json(out.read_text(), str(out))
+    assert [t.model for t in traces] == ["a", "b"]
+    ua, ub = set(traces[0].unique()), set(traces[1].unique())
+    shared = len(ua & ub)
+    assert 0 < shared < len(ua)
+    assert f"{shared} ({100 * shared / len(ua):.0f}%)" in res.output
+
+
+def test_zoo_lists_models() -> None:
+    res = runner.invoke(app, ["zoo"])
+    assert res.exit_code == 0
+    assert "mixtral" in res.output and "gemma2" in res.output
+
+
+def test_bad_model_is_one_line_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dooly", "trace", "no-such-model"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "no-such-model: not a zoo model" in proc.stderr
+    assert "Traceback" not in proc.stderr
