@@ -21,7 +21,7 @@ from dooly.errors import DoolyError
 SMALL_MODELS = ("smollm2-135m", "qwen2.5-0.5b", "smollm2-360m")
 VALIDATE_MODEL = "smollm2-135m"
 VALIDATE_WORKLOAD = "poisson:n=24,rate=4,prompt=16-128,output=8-24,seed=0"
-SIM_WORKLOAD = "poisson:n=300,rate=3,prompt=32-512,output=8-128,seed=1"
+SIM_WORKLOAD = "poisson:n=200,rate=0.3,prompt=32-256,output=8-64,seed=1"  # below capacity on 2 CPU cores
 
 
 def _run(args: list[str], console: Console) -> None:
@@ -44,7 +44,7 @@ def run_demo(workdir: str | Path, quick: bool = False, grid: str = "tiny") -> Pa
     _run(["validate-serving", VALIDATE_MODEL, "--db", str(db), "--workload", workload], console)
     _run(
         ["simulate", VALIDATE_MODEL, "--db", str(db), "--workload", SIM_WORKLOAD, "--sweep",
-         "--slo-ttft", "2.0", "--slo-tpot", "0.2", "-o", str(workdir / "sweep.csv")],
+         "--slo-ttft", "5.0", "--slo-tpot", "0.5", "-o", str(workdir / "sweep.csv")],
         console,
     )  # fmt: skip
     report = workdir / "dooly-report.html"

@@ -89,33 +89,22 @@ def simulate(
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulating configs", total=len(configs))
         points = run_sweep(w, latency, configs, slo, replicas, progress=lambda: bar.advance(task))
-    table = Table("max seqs", "max tokens", "chunked", "TTFT p90 ms", "TPOT p90 ms", "e2e p90 ms", "tok/s", "SLO")
+    top = best(points)
+    table = Table("seqs", "tokens", "chunked", "TTFT p90 s", "TPOT p90 s", "e2e p90 s", "tok/s", "SLO", box=None)
     for p in points:
         s = p.summary
-        if s is None:
-            table.add_row(
-                str(p.config.max_num_seqs),
-                str(p.config.max_num_batched_tokens),
-                str(p.config.chunked_prefill),
-                "-",
-                "-",
-                "-",
-                "-",
-                "infeasible",
-            )
-            continue
-        table.add_row(
+        row = [
             str(p.config.max_num_seqs),
             str(p.config.max_num_batched_tokens),
-            str(p.config.chunked_prefill),
-            _ms(s.ttft["p90"]),
-            _ms(s.tpot["p90"]),
-            _ms(s.e2e["p90"]),
-            f"{s.throughput_tokens:.1f}",
-            "yes" if p.meets_slo else "no",
-        )
+            "yes" if p.config.chunked_prefill else "no",
+        ]
+        if s is None:
+            table.add_row(*row, "-", "-", "-", "-", "n/a (prompt > budget)")
+            continue
+        verdict = ("best" if p is top else "meets") if p.meets_slo else "misses"
+        table.add_row(*row, f"{s.ttft['p90']:.2f}", f"{s.tpot['p90']:.3f}", f"{s.e2e['p90']:.2f}",
+                      f"{s.throughput_tokens:.1f}", verdict)  # fmt: skip
     out.print(table)
-    top = best(points)
     if top is None:
         out.print(f"no configuration meets {slo.describe()}")
     else:
