@@ -58,10 +58,11 @@ def test_vocab_maps_unseen_to_unk() -> None:
 
 
 def test_next_event_learns_a_cycle() -> None:
-    t = Trace.from_columns(ts=np.arange(1200), event=["a", "b", "c", "d", "e"] * 240)
+    t = Trace.from_columns(ts=np.arange(600), event=["a", "b", "c", "d", "e"] * 120)
     sp = split_trace(t)
     v = Vocab.from_traces([sp.train])
-    s = next_event_scores(make_windows(sp.train, v, 16), make_windows(sp.test, v, 16), len(v), CFG, seed=0)
+    cfg = ClassifierConfig(embed=8, hidden=16, steps=30, batch=32, lr=3e-2)
+    s = next_event_scores(make_windows(sp.train, v, 8), make_windows(sp.test, v, 8), len(v), cfg, seed=0)
     assert s["accuracy"] > 0.95 and s["macro_f1"] > 0.95
 
 

@@ -17,7 +17,7 @@ from tracesynth.report import load_results, write_report
 from tracesynth.trace import Trace
 
 
-def workload_trace(path: Path, names: list[str], seed: int, n: int = 2400) -> Path:
+def workload_trace(path: Path, names: list[str], seed: int, n: int = 1200) -> Path:
     rng = np.random.default_rng(seed)
     # a noisy cycle over the workload's own events, syscalls paired on one thread
     base = np.resize(np.arange(len(names)), n)
@@ -48,7 +48,7 @@ def tiny_config(tmp_path: Path) -> dict:
         "max_train_windows": 300,
         "max_test_windows": 100,
         "discriminator": {"max_windows": 200},
-        "scarce": {"budgets": [0.1, 1.0], "multipliers": [1], "workloads": ["alpha"]},
+        "scarce": {"budgets": [0.2, 1.0], "multipliers": [1], "workloads": ["alpha"]},
     }
 
 
@@ -67,11 +67,12 @@ def test_pipeline_writes_tables_and_report(tiny_config: dict, tmp_path: Path, mo
     assert {r["seed"] for r in t["regimes"]} == {0, 1}
     assert {r["train_on"] for r in t["workload_id"]} == {"real", "markov"}
     assert all(0.0 <= r["auc"] <= 1.0 for r in t["discriminator"])
-    assert {r["budget"] for r in t["scarce"]} == {0.1, 1.0}
+    assert {r["budget"] for r in t["scarce"]} == {0.2, 1.0}
     assert (out / "tables" / "regimes_summary.csv").is_file() and "Macro-F1" in (out / "results.md").read_text()
     html = report.read_text()
     assert html.count("data:image/png;base64,") >= 5 and "http://" not in html.replace("http://www.w3.org", "")
-    # re-rendering from results.json (NaNs stored as null) works too
+    # re-rendering from results.json (NaNs stored as null) works too; per-workload plots left out for speed
+    res["plots"] = {}
     assert write_report(res, tmp_path / "again.html").stat().st_size > 10_000
 
 
