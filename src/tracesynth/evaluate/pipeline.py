@@ -230,6 +230,11 @@ def _jsonable(x: Any) -> Any:
 
 
 # -- the pipeline ---------------------------------------------------------------------------------
+def _seeds(cfg: Mapping[str, Any], task: str) -> list[int]:
+    """A task's own seeds when its section names them, else the global ones."""
+    return [int(s) for s in (cfg[task].get("seeds") or cfg["seeds"])]
+
+
 class _Stages:
     """One rich progress display: an overall bar per stage plus a bar for classifier steps."""
 
@@ -238,6 +243,8 @@ class _Stages:
         self.cls_task = progress.add_task("classifier steps", total=None, visible=False)
 
     def stage(self, desc: str, total: int) -> Any:
+        if not self.p.console.is_terminal:  # logs and CI: one line per stage instead of a live bar
+            self.p.console.print(f"{time.strftime('%H:%M:%S')} {desc} ({total})", highlight=False)
         return self.p.add_task(desc, total=total)
 
     def tick(self) -> None:
@@ -370,7 +377,7 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
             task = st.stage("discriminator (real vs synthetic)", len(data))
             for wl, wd in data.items():
                 disc_rows += ex.discriminator_rows(
-                    wd, synth[wl], ccfg, seeds, int(cfg["discriminator"]["max_windows"]), st.tick
+                    wd, synth[wl], ccfg, _seeds(cfg, "discriminator"), int(cfg["discriminator"]["max_windows"]), st.tick
                 )
                 progress.advance(task)
             timings["discriminator_s"] = time.perf_counter() - t0
@@ -379,7 +386,9 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
             wls = [w for w in (cfg["regimes"]["workloads"] or list(data)) if w in data]
             task = st.stage("next-event regimes", len(wls))
             for wl in wls:
-                reg_rows += ex.regime_rows(data[wl], synth[wl], ccfg, seeds, int(cfg["max_train_windows"]), st.tick)
+                reg_rows += ex.regime_rows(
+                    data[wl], synth[wl], ccfg, _seeds(cfg, "regimes"), int(cfg["max_train_windows"]), st.tick
+                )
                 progress.advance(task)
             timings["regimes_s"] = time.perf_counter() - t0
         if cfg["workload_id"]["enabled"] and len(data) >= 2:
@@ -391,7 +400,7 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
                 for wl, wd in data.items()
             }
             wid_rows = ex.workload_id_rows(
-                shared, vocab, synth, ccfg, seeds, int(cfg["workload_id"]["per_class"]), st.tick
+                shared, vocab, synth, ccfg, _seeds(cfg, "workload_id"), int(cfg["workload_id"]["per_class"]), st.tick
             )
             progress.advance(task)
             timings["workload_id_s"] = time.perf_counter() - t0
@@ -406,7 +415,7 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
                     cfg["scarce"]["budgets"],
                     cfg["scarce"]["multipliers"],
                     ccfg,
-                    seeds,
+                    _seeds(cfg, "scarce"),
                     int(cfg["max_train_windows"]),
                     st.tick,
                     note,
