@@ -42,7 +42,7 @@ Data model
 :class:`OpRecord`     one dispatched call: its signature, ``order`` (position in the pass), ``module`` (dotted
                       module path such as ``"model.layers.3.self_attn.q_proj"``), ``layer`` (first integer in the
                       module path, or ``None``) and ``view`` (True for view/metadata-only ops that launch no kernel).
-:class:`ModelTrace`   ``model``, ``config_hash``, ``phase`` (``"prefill"`` | ``"decode"``), ``engine``, ``records``,
+:class:`ModelTrace`   ``model``, ``config_hash``, ``phase`` (one of :data:`PHASES`), ``engine``, ``records``,
                       ``hints`` (the dummy request values used), ``guards`` (conditions on the request symbols the
                       engine's control flow depended on, e.g. ``"kv_len + 1 <= 4096"`` for a sliding window: the
                       trace is valid where they hold), ``.unique()`` -> ``{Signature: multiplicity}``,
@@ -84,7 +84,9 @@ REQUEST_SYMBOLS: dict[str, str] = {
     "max_batched_tokens": "engine limit: token budget of a padded batch (reserved)",
 }
 
-PHASES = ("prefill", "decode")
+#: prefill: empty cache; decode: one new token per sequence; chunk: a prefill chunk on top of a filled cache
+#: (chunked prefill), where both ``tokens`` and ``kv_len`` occur.
+PHASES = ("prefill", "decode", "chunk")
 
 Dim = int | str  # an int is a constant; a str is an expression over REQUEST_SYMBOLS
 

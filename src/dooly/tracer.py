@@ -8,8 +8,9 @@ grouped-query ``repeat_kv``, the sdpa kernel the CPU backend picks, the KV cache
 written as a :class:`~dooly.signature.Signature` whose sizes are ints (model constants) or expressions over
 ``requests``, ``tokens``, ``kv_len``.
 
-Phases: ``prefill`` (``requests`` x ``tokens`` new tokens, empty cache) and ``decode`` (``requests`` sequences
-each adding one token to a cache of ``kv_len`` tokens, the cache filled by the engine's own prefill).
+Phases: ``prefill`` (``requests`` x ``tokens`` new tokens, empty cache), ``decode`` (``requests`` sequences
+each adding one token to a cache of ``kv_len`` tokens, the cache filled by the engine's own prefill) and ``chunk``
+(a chunked-prefill step: ``tokens`` new tokens on top of ``kv_len`` cached ones).
 
 There is no per-architecture code here, in :mod:`dooly.taint` or in :mod:`dooly.engines`: a model is its config.
 """
@@ -34,6 +35,7 @@ from dooly.taint import OpRecorder, RequestSymbols
 DEFAULT_HINTS: dict[str, dict[str, int]] = {
     "prefill": {"requests": 3, "tokens": 37},
     "decode": {"requests": 3, "kv_len": 113},
+    "chunk": {"requests": 3, "tokens": 37, "kv_len": 113},
 }
 
 
@@ -89,8 +91,10 @@ def trace_model(
     requests = syms.new("requests", values["requests"])
     if phase == "prefill":
         shape = RequestShape.prefill(requests, syms.new("tokens", values["tokens"]))
-    else:
+    elif phase == "decode":
         shape = RequestShape.decode(requests, syms.new("kv_len", values["kv_len"]))
+    else:
+        shape = RequestShape(requests, syms.new("tokens", values["tokens"]), syms.new("kv_len", values["kv_len"]))
     t_build = time.perf_counter() - t0
 
     with syms.fake_mode, engine.tracing_context(), _module_tracking(model) as stack:

@@ -77,6 +77,21 @@ def test_decode_attends_over_the_cache(tiny_decode: ModelTrace) -> None:
     assert all("tokens" not in r.signature.symbols() for r in tiny_decode.records)
 
 
+@pytest.fixture(scope="module")
+def tiny_chunk() -> ModelTrace:
+    return trace_model(TINY, "chunk", name="tiny")
+
+
+def test_chunked_prefill_uses_both_symbols(tiny_chunk: ModelTrace) -> None:
+    tr = tiny_chunk
+    attn = _ops(tr, "aten._scaled_dot_product_flash_attention_for_cpu.default")
+    assert len(attn) == 2
+    q, k = attn[0].signature.inputs[:2]
+    assert q.shape == ("requests", 4, "tokens", 16) and k.shape == ("requests", 4, "kv_len + tokens", 16)
+    # a cached prefix needs a real mask, so the engine builds one and (with a mask) repeats the KV heads
+    assert len(attn[0].signature.inputs) == 4
+
+
 def test_config_value_equal_to_the_dummy_request_size_stays_model() -> None:
     # intermediate_size == tokens and num_attention_heads == requests at the dummy values
     cfg = dict(TINY, intermediate_size=37, num_attention_heads=3, num_key_value_heads=3, hidden_size=48)
@@ -125,9 +140,11 @@ class _RealOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("phase", ["prefill", "decode"])
-def test_trace_matches_a_real_eager_run(phase: str, tiny_prefill: ModelTrace, tiny_decode: ModelTrace) -> None:
-    trace = tiny_prefill if phase == "prefill" else tiny_decode
+@pytest.mark.parametrize("phase", ["prefill", "decode", "chunk"])
+def test_trace_matches_a_real_eager_run(
+    phase: str, tiny_prefill: ModelTrace, tiny_decode: ModelTrace, tiny_chunk: ModelTrace
+) -> None:
+    trace = {"prefill": tiny_prefill, "decode": tiny_decode, "chunk": tiny_chunk}[phase]
     engine = get_engine()
     torch.manual_seed(0)
     model = engine.build_model(TINY)

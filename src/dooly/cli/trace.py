@@ -18,7 +18,7 @@ err = Console(stderr=True)
 @app.command("trace")
 def trace_cmd(
     models: list[str] = typer.Argument(..., help="Zoo model names, config.json files or local model directories."),
-    phase: str = typer.Option("both", "--phase", help="prefill, decode or both."),
+    phase: str = typer.Option("both", "--phase", help="prefill, decode, chunk (chunked prefill) or both."),
     json_out: Path | None = typer.Option(None, "--json", help="Write every trace (records + signatures) here."),
     device: str = typer.Option("cpu", "--device", help="Engine device: cpu, cuda or auto."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Engine weight/activation dtype."),
@@ -33,8 +33,8 @@ def trace_cmd(
     from dooly.zoo import load_config
 
     phases = ["prefill", "decode"] if phase == "both" else [phase]
-    if any(p not in ("prefill", "decode") for p in phases):
-        raise DoolyError(f"--phase must be prefill, decode or both, got {phase!r}")
+    if any(p not in ("prefill", "decode", "chunk") for p in phases):
+        raise DoolyError(f"--phase must be prefill, decode, chunk or both, got {phase!r}")
     configs = [load_config(m) for m in models]  # fail on a bad name before any tracing
     engine = get_engine("hf-eager", device=device, dtype=dtype)
     traces: list[ModelTrace] = []
