@@ -37,18 +37,32 @@ def main() -> None:
 
     per_model: dict[str, list[ModelTrace]] = {}
     table = Table(title="dooly trace: per model and phase")
-    for col in ("model", "family", "params (B)", "phase", "ops", "kernels", "unique sigs", "trace s", "build s"):
+    for col in (
+        "model",
+        "family",
+        "params (B)",
+        "phase",
+        "ops",
+        "kernels",
+        "unique sigs",
+        "trace s",
+        "cpu s",
+        "build s",
+    ):
         table.add_column(col, justify="right" if col not in ("model", "family", "phase") else "left")
     for m in models:
         for ph in phases:
+            c0 = time.process_time()
             t = trace_model(m.config, ph, name=m.name)
+            cpu = time.process_time() - c0  # wall time is inflated when the machine is shared; CPU time is not
             per_model.setdefault(m.name, []).append(t)
             if a.save:
                 a.save.mkdir(parents=True, exist_ok=True)
                 (a.save / f"{m.name}.{ph}.json").write_text(t.to_json())
             p = t.meta["parameters"] / 1e9
-            row = (m.name, m.family, f"{p:.2f}", ph, str(len(t.records)), str(len(t.kernels())),
-                   str(len(t.unique())), f"{t.meta['seconds']:.1f}", f"{t.meta['build_seconds']:.1f}")  # fmt: skip
+            counts = (str(len(t.records)), str(len(t.kernels())), str(len(t.unique())))
+            secs = (f"{t.meta['seconds']:.1f}", f"{cpu:.1f}", f"{t.meta['build_seconds']:.1f}")
+            row = (m.name, m.family, f"{p:.2f}", ph, *counts, *secs)
             table.add_row(*row)
             console.print("  ".join(row), highlight=False)
     console.print(table)

@@ -383,7 +383,8 @@ class OpRecorder(TorchDispatchMode):
                 )
             with unset_fake_temporarily():
                 v = value.item()
-            self.data_reads.append(f"{self.module_of() or '-'}: {v!r}")
+            if self.recording:
+                self.data_reads.append(f"{self.module_of() or '-'}: {v!r}")
             return v
         out = func(*args, **kwargs)
         self._track_values(func, args, kwargs, out)
