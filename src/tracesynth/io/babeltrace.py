@@ -442,7 +442,12 @@ class _Block:
         if key not in self._subs:
             idx = np.flatnonzero(rows)
             sub = _Block(self.lines.take(pa.array(idx)))
-            sub._name_end = self.name_end[idx] - self.starts[idx] + sub.starts
+            shift = sub.starts - self.starts[idx]
+            sub._name_end = self.name_end[idx] + shift
+            sc = _scopes(self)  # positions move with their lines; -1 (absent) stays -1
+            sub.scope_cache = {
+                k: v[idx] if k == "known" else np.where(v[idx] >= 0, v[idx] + shift, -1) for k, v in sc.items()
+            }
             self._subs[key] = (sub, idx)
         return self._subs[key]
 
@@ -583,8 +588,13 @@ def _fast_field(b: _Block, f: Field, names: list[str], codes: np.ndarray) -> pa.
 
 def _expect(buf: np.ndarray, pos: np.ndarray, literal: bytes) -> np.ndarray:
     """Rows whose bytes at `pos` spell `literal` (False where pos < 0)."""
-    lit = np.frombuffer(literal, dtype=np.uint8)
-    return (pos >= 0) & (_gather(buf, pos, len(lit)) == lit).all(axis=1)
+    width = -(-len(literal) // 8) * 8  # compare 8 bytes at a time
+    padded = np.zeros(width, dtype=np.uint8)
+    padded[: len(literal)] = np.frombuffer(literal, dtype=np.uint8)
+    mask = np.zeros(width, dtype=np.uint8)
+    mask[: len(literal)] = 0xFF
+    words = np.ascontiguousarray(_gather(buf, pos, width)).view("<u8")
+    return (pos >= 0) & ((words & mask.view("<u8")) == padded.view("<u8")).all(axis=1)
 
 
 _PACKET_CTX = b"stream.packet.context = { "
