@@ -26,15 +26,11 @@ def main() -> None:
     ap.add_argument("models", nargs="*", help="zoo names or config paths (default: the whole zoo)")
     ap.add_argument("--phases", default="prefill,decode")
     ap.add_argument("--save", type=Path, help="directory to write MODEL.PHASE.json traces into")
+    ap.add_argument("--load", type=Path, help="skip tracing: read MODEL.PHASE.json traces from this directory")
     a = ap.parse_args()
-    console = Console()
+    console = Console(width=250)  # the overlap matrix is wide
     models = [load_config(m) for m in a.models] if a.models else list_models()
     phases = a.phases.split(",")
-    # warm the imports once so the first model's time is comparable with the others
-    t0 = time.perf_counter()
-    trace_model(load_config("smollm2-135m").config | {"num_hidden_layers": 1}, "prefill")
-    console.print(f"warm-up (imports + one 1-layer trace): {time.perf_counter() - t0:.1f} s")
-
     per_model: dict[str, list[ModelTrace]] = {}
     table = Table(title="dooly trace: per model and phase")
     for col in (
@@ -50,7 +46,18 @@ def main() -> None:
         "build s",
     ):
         table.add_column(col, justify="right" if col not in ("model", "family", "phase") else "left")
-    for m in models:
+    if a.load:
+        for m in models:
+            for ph in phases:
+                f = a.load / f"{m.name}.{ph}.json"
+                if f.exists():
+                    per_model.setdefault(m.name, []).append(ModelTrace.from_json(f.read_text(), str(f)))
+    else:
+        # warm the imports once so the first model's time is comparable with the others
+        t0 = time.perf_counter()
+        trace_model(load_config("smollm2-135m").config | {"num_hidden_layers": 1}, "prefill")
+        console.print(f"warm-up (imports + one 1-layer trace): {time.perf_counter() - t0:.1f} s")
+    for m in models if not a.load else []:
         for ph in phases:
             c0 = time.process_time()
             t = trace_model(m.config, ph, name=m.name)

@@ -19,6 +19,12 @@ and strides, and every aten op's fake kernel (meta function) computes its output
 operator the engine dispatches is seen by :class:`OpRecorder` (a ``TorchDispatchMode`` stacked above the fake
 mode) with its real input sizes as expressions -- the eager engine's own code runs, op by op, nothing compiled.
 
+What runs is what a real eager run runs: transformers switches to a "tracing" code path when it sees fake
+tensors (always materialise the mask, repeat KV heads), so the engine's ``tracing_context`` turns that detection
+off, and the recorder answers the few value reads a real run makes (``attention_mask.all()``) from real values of
+the request-derived tensors (see :class:`OpRecorder`). The tests compare a trace, evaluated at the dummy values,
+op by op and shape by shape with a real eager run.
+
 If the engine's code forces a request size into a concrete Python int (``int(seq_len)``, a data-dependent
 branch), torch specialises that symbol; :meth:`RequestSymbols.check_specialised` turns that into an error rather
 than silently mislabelling a REQUEST size as a MODEL constant.
