@@ -220,6 +220,7 @@ def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -
     t_follow[pred[bad][swap]] = s.ev[bad[swap]]
     bad = np.unique(np.where(swap, pred[bad], bad))
     new = s.ev.copy()
+    drop: list[np.ndarray] = [np.zeros(0, np.int64)]
     for lo in range(0, len(bad), _CHUNK):
         i = bad[lo : lo + _CHUNK]
         gp = np.where(i > 0, s.ev[np.maximum(i - 1, 0)], -1)
@@ -243,16 +244,23 @@ def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -
         base = base * np.where(keep_out[:, None], non_sys[None, :], True)
         w = base * mask_g * mask_t
         full = w * follow
-        # relax what cannot be met: next-compatibility first, then the thread's constraint
-        use = np.where((full.sum(axis=1) > 0)[:, None], full, w)
+        # an event outside the skeleton that no allowed type can replace is dropped; a syscall
+        # event relaxes what cannot be met (next-compatibility, then the thread) and the pairing
+        # fix settles the rest
+        fits = full.sum(axis=1) > 0
+        drop.append(i[~fits & keep_out])
+        use = np.where(fits[:, None], full, w)
         use = np.where((use.sum(axis=1) > 0)[:, None], use, base * mask_g)
         use = np.where((use.sum(axis=1) > 0)[:, None], use, base)
-        ok = use.sum(axis=1) > 0
+        ok = (use.sum(axis=1) > 0) & (fits | ~keep_out)
         new[i[ok]] = _sample_rows(use[ok], rng)
     changed = bad[new[bad] != s.ev[bad]]
     s.ev[changed] = new[changed]
     # the new type keeps the value contract of its kind
     _resample_ret(s, changed[(c.ret_presence[s.ev[changed]] != 0) | s.has_ret[changed]], rng)
+    gone = np.concatenate(drop)
+    if len(gone):
+        s.edit(np.zeros(0, np.int64), {}, gone)
 
 
 def _fix_values(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
