@@ -283,7 +283,7 @@ def report(
 def demo(
     workdir: Path = typer.Option(Path("out/dooly-demo"), help="Where the DB, results and report go."),
     quick: bool = typer.Option(False, help="Smallest settings (a smoke run)."),
-    grid: str = typer.Option("tiny", help="Profiler grid: tiny (minutes) or default (accurate, slower)."),
+    grid: str = typer.Option("default", help="Profiler grid of the validated model: default (accurate) or tiny."),
 ) -> None:
     """Run dooly end to end on the zoo's small models: trace, profile with reuse, validate, simulate, report."""
     from dooly.demo import run_demo
