@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--zoo", action="store_true", help="also plan the whole zoo (point-count savings estimate)")
     ap.add_argument("--skip-validate", action="store_true")
+    ap.add_argument("--repeats", type=int, default=7, help="timed forwards per held-out shape (median)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = get_engine()
@@ -82,11 +83,12 @@ def main() -> None:
         for m, cfg in targets:
             name = m or cfg["_name_or_path"]
             pred = Predictor.for_model(m or cfg, args.db, engine, threads=args.threads)
-            rows = validate_model(pred, cfg, engine, threads=args.threads)
+            with ProfileStore(args.db) as store:  # held-out measurements are kept: a rerun re-scores them
+                rows = validate_model(pred, cfg, engine, threads=args.threads, repeats=args.repeats, store=store)
             results[name] = {ph: mape(rows, ph) for ph in ("prefill", "decode")}
             for r in rows:
                 print(f"  {name:16s} {r.phase:7s} {json.dumps(r.values):32s} measured {r.measured_s * 1e3:8.2f} ms  "
-                      f"predicted {r.predicted_s * 1e3:8.2f} ms  err {r.error * 100:5.1f}%")  # fmt: skip
+                      f"predicted {r.predicted_s * 1e3:8.2f} ms  err {r.error * 100:5.1f}%", flush=True)  # fmt: skip
             print(f"VALIDATION {name}: MAPE prefill {results[name]['prefill']:.1f}%  "
                   f"decode {results[name]['decode']:.1f}%  (method {pred.method})", flush=True)  # fmt: skip
 

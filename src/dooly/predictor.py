@@ -355,6 +355,8 @@ def fit_overhead(store, ctx, engine, pts, method) -> OverheadModel:  # type: ign
     rows = []
     by_model: dict[str, Predictor] = {}
     for model, phase, values, m in store.forwards(ctx):
+        if model.endswith("#holdout"):  # validation measurements never train the predictor
+            continue
         if model not in by_model:
             cfg_json = store.get_trace("config", model, "config")
             if cfg_json is None:
@@ -408,21 +410,38 @@ def validate_model(
     shapes: Mapping[str, list[dict[str, int]]] | None = None,
     threads: int | None = None,
     repeats: int = 5,
+    store: object | None = None,
 ) -> list[ValidationRow]:
-    """Measure real forwards at held-out shapes and pair them with the predictor's figures."""
+    """Measure real forwards at held-out shapes and pair them with the predictor's figures.
+
+    With a ``store`` the measurements are kept (as model ``"<name>#holdout"``, which the overhead fit never
+    reads) and reused by the next call, so predictor changes can be re-scored without re-measuring.
+    """
     import torch
 
-    from dooly.profiler import default_clock, fixed_threads, measure_forward
+    from dooly.profiler import context_for, default_clock, fixed_threads, measure_forward
+    from dooly.store import canonical_point
 
     shapes = shapes or VALIDATION_SHAPES
     clock = default_clock(engine.device, threads)  # type: ignore[attr-defined]
-    torch.manual_seed(0)
-    model = engine.build_model(config)  # type: ignore[attr-defined]
+    key = f"{predictor.name}#holdout"
+    ctx = context_for(engine, threads) if store is not None else None  # type: ignore[arg-type]
+    have = {}
+    if store is not None:
+        have = {(ph, canonical_point(v)): m for _, ph, v, m in store.forwards(ctx, key)}  # type: ignore[attr-defined]
+    model = None
     rows = []
     with fixed_threads(threads):
         for phase, vs in shapes.items():
             for v in vs:
-                m = measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
+                m = have.get((phase, canonical_point(v)))
+                if m is None:
+                    if model is None:
+                        torch.manual_seed(0)
+                        model = engine.build_model(config)  # type: ignore[attr-defined]
+                    m = measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
+                    if store is not None:
+                        store.put_forward(ctx, key, phase, v, m)  # type: ignore[attr-defined]
                 rows.append(ValidationRow(phase, dict(v), m.median_s, predictor.forward_latency(phase, v)))
     return rows
 
