@@ -1,15 +1,14 @@
-"""`dooly trace` and `dooly zoo` end to end (tiny configs; the CLI's error path as a subprocess)."""
+"""`dooly trace` and `dooly zoo` end to end (tiny configs)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from dooly.cli import app
+from dooly.errors import DoolyError
 from dooly.signature import traces_from_json
 
 runner = CliRunner()
@@ -49,10 +48,11 @@ def test_zoo_lists_models() -> None:
     assert "mixtral" in res.output and "gemma2" in res.output
 
 
-def test_bad_model_is_one_line_error() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "dooly", "trace", "no-such-model"], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 1
-    assert "no-such-model: not a zoo model" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_bad_model_is_a_dooly_error_before_any_tracing(tmp_path: Path) -> None:
+    # main() turns a DoolyError into one line on stderr and exit status 1
+    res = runner.invoke(app, ["trace", "smollm2-135m", "no-such-model", "--json", str(tmp_path / "t.json")])
+    assert isinstance(res.exception, DoolyError)
+    assert "no-such-model: not a zoo model" in str(res.exception)
+    assert "tracing" not in res.output and not (tmp_path / "t.json").exists()
+    res = runner.invoke(app, ["trace", "opt-125m", "--phase", "train"])
+    assert isinstance(res.exception, DoolyError) and "--phase" in str(res.exception)
