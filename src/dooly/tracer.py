@@ -14,7 +14,8 @@ each adding one token to a cache of ``kv_len`` tokens, the cache filled by the e
 
 The dummy request is a batch of equal-length sequences without padding (all-ones attention mask, token id 0),
 so the engine takes the branches of such a batch (e.g. a causal sdpa without a materialised mask in prefill);
-the trace's ``guards`` list the conditions on request sizes it relied on (a sliding window: ``kv_len >= 4096``).
+the trace's ``guards`` list the conditions on request sizes it relied on (e.g. ``kv_len < 4095`` against a
+sliding window of 4096).
 
 There is no per-architecture code here, in :mod:`dooly.taint` or in :mod:`dooly.engines`: a model is its config.
 """
