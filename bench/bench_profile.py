@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--zoo", action="store_true", help="also plan the whole zoo (point-count savings estimate)")
     ap.add_argument("--skip-validate", action="store_true")
     ap.add_argument("--repeats", type=int, default=7, help="timed forwards per held-out shape (median)")
+    ap.add_argument("--validate", nargs="*", default=None, help="validate only these models (default: all)")
+    ap.add_argument("--no-reused", action="store_true", help="skip the never-profiled model's validation")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = get_engine()
@@ -79,7 +81,10 @@ def main() -> None:
 
     if not args.skip_validate:
         results = {}
-        targets = [(m, resolve_model(m)[1]) for m in args.models] + [(None, reused_only_config())]
+        chosen = args.models if args.validate is None else args.validate
+        targets = [(m, resolve_model(m)[1]) for m in chosen]
+        if not args.no_reused:
+            targets.append((None, reused_only_config()))
         for m, cfg in targets:
             name = m or cfg["_name_or_path"]
             pred = Predictor.for_model(m or cfg, args.db, engine, threads=args.threads)
