@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=3_000_000, help="events in the tiled throughput trace")
     ap.add_argument("--sample-events", type=int, default=50_000, help="events per Markov sample")
     args = ap.parse_args()
-    out = Console()
+    out = Console(width=200)
     workloads = load_workloads(args.data)
 
     fp = Table("workload", "events", "train", "rules", "val FP", "test FP", "test FP by rule", title="false positives")

@@ -114,12 +114,9 @@ class TraceArrays:
         new_cpu[1:] = cpu_s[1:] != cpu_s[:-1]
         start = new_cpu.copy()
         if c.sched_convention == "prev":
-            start[1:] |= sw[:-1]  # a switch closes its segment
-            owner = sw  # a thread stays current up to and including the switch that ends it
+            start[1:] |= sw[:-1]  # a switch closes its segment (it is the outgoing thread's)
         else:
-            start |= sw  # a switch opens its segment
-            owner = np.zeros_like(sw)
-            owner[:-1] = sw[1:] & ~new_cpu[1:]
+            start |= sw  # a switch opens its segment (it is the incoming thread's)
         seg = np.cumsum(start) - 1
         # original index of the next switch at-or-after ("prev") / after ("next") each position,
         # within the same CPU: reverse running minimum of keys offset by the CPU's rank
@@ -133,7 +130,6 @@ class TraceArrays:
             val = nxt
         key = rank.astype(np.int64) * (n + 1) + val
         end = np.minimum.accumulate(key[::-1])[::-1] - rank * (n + 1)
-        del owner
         return order, seg, end
 
     @cached_property

@@ -4,9 +4,12 @@ One round applies, in order (each step re-detects on the current arrays, all vec
 
 1. syscall pairing: a wrong exit becomes the exit of the open call; an entry while a call is
    open gets that call's exit inserted just before it; an exit with no open entry is dropped;
-2. impossible successors (global and per thread): the event type is resampled from the
-   successors of its predecessor (weighted by the mined counts), restricted to what the thread's
-   previous event allows and to types the next event may follow;
+2. impossible successors (global and per thread): where some type may sit between the
+   predecessor and the event (a dropped event), it is inserted; otherwise the event type is
+   resampled from the successors of its predecessor (weighted by the mined counts), restricted to
+   what the thread's previous event allows and to types the next event may follow (a correctly
+   paired syscall event keeps its type and its predecessor is resampled instead; an event no
+   allowed type can replace is dropped);
 3. return values resampled from the valid symbols of the event type (null where it has none),
    commands resampled from those seen issuing the event type;
 4. CPUs: an event moves to a CPU its thread / command was seen on; an event running on a CPU
@@ -16,8 +19,9 @@ One round applies, in order (each step re-detects on the current arrays, all vec
    timestamps are recomputed from the gaps (so time stays non-decreasing).
 
 Rounds repeat until nothing is violated (a fix may create a new violation: a resampled event
-type may not pair). After max_rounds the remaining violators are dropped, round by round; the
-trace shrinks each time, so repair always terminates with zero violations.
+type may not pair). After max_rounds the remaining violators are dropped (a call left open goes
+by its entry), round by round, with only length-preserving fixes in between; the trace shrinks
+each time, so repair always terminates with zero violations.
 """
 
 from __future__ import annotations
@@ -263,6 +267,60 @@ def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -
         s.edit(np.zeros(0, np.int64), {}, gone)
 
 
+def _insert_missing(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
+    """Where an event may not follow its predecessor but some type x may sit between them (the
+    predecessor allows x and x allows the event, globally and on the thread), insert x: the
+    repair of a dropped event, which resampling cannot make without shifting everything after."""
+    a = s.arrays()
+    fg, ft = DETECTORS["transition.global"](a), DETECTORS["transition.thread"](a)
+    bad = np.union1d(fg.idx, ft.idx)
+    if not len(bad):
+        return
+    c = s.c
+    tprev = a.thread_prev
+    chosen = np.full(len(bad), -1, dtype=np.int64)
+    for lo in range(0, len(bad), _CHUNK):
+        i = bad[lo : lo + _CHUNK]
+        e = s.ev[i]
+        gp = np.where(i > 0, s.ev[np.maximum(i - 1, 0)], 0)
+        tp = np.where(tprev[i] >= 0, s.ev[np.maximum(tprev[i], 0)], 0)
+        has_g = i > 0
+        has_t = tprev[i] >= 0
+        g_before = np.where((has_g & c.g_enforced[gp])[:, None], c.g_allowed[gp], True)
+        t_before = np.where((has_t & c.t_enforced[tp])[:, None], c.t_allowed[tp], True)
+        g_after = (~c.g_enforced[None, :]) | c.g_allowed[:, e].T
+        t_after = np.where((s.tid[i] >= 0)[:, None], (~c.t_enforced[None, :]) | c.t_allowed[:, e].T, True)
+        ok = g_before & t_before & g_after & t_after
+        ok[:, c.n_known :] = False
+        w = (
+            ok
+            * (np.where(has_t[:, None], c.t_weight[tp], c.g_weight[gp]) + 1e-9)
+            * (np.where((s.tid[i] >= 0)[:, None], c.t_weight[:, e].T, c.g_weight[:, e].T) + 1e-9)
+        )
+        fits = ok.any(axis=1)
+        if fits.any():
+            chosen[lo : lo + _CHUNK][fits] = _sample_rows(w[fits], rng)
+    at = bad[chosen >= 0]
+    x = chosen[chosen >= 0]
+    if not len(at):
+        return
+    fixes["transition.global"] += int(np.isin(at, fg.idx).sum())
+    fixes["transition.thread"] += int(np.isin(at, ft.idx).sum())
+    ret, has_ret = _sample_ret_for(c, x, rng)
+    rows = {
+        "ev": x,
+        "cpu": s.cpu[at],
+        "tid": s.tid[at],
+        "comm": s.comm[at],
+        "ret": ret,
+        "has_ret": has_ret,
+        "ts": s.ts[at],
+        "origin": np.full(len(at), -1, np.int64),
+        "dt_changed": np.zeros(len(at), bool),
+    }
+    s.edit(at, rows, np.zeros(0, np.int64))
+
+
 def _fix_values(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
     a = s.arrays()
     fr = DETECTORS["ret.value"](a)
@@ -361,6 +419,7 @@ def repair_trace(
     while remaining and rounds < max_rounds:
         rounds += 1
         _fix_pairing(s, fixes, rng)
+        _insert_missing(s, fixes, rng)
         _fix_transitions(s, fixes, rng)
         _fix_values(s, fixes, rng)
         _fix_cpus(s, fixes, rng)
@@ -371,18 +430,10 @@ def repair_trace(
         # last resort: drop what still violates, then let one repair round mend the seams; the
         # trace shrinks every time, so this ends
         rounds += 1
-        found = detect_all(s.arrays())
-        bad = np.unique(
-            np.concatenate(
-                [f.idx for r, f in found.items() if r not in ("dt.event", "dt.transition", "time.monotonic")]
-                + [np.zeros(0, np.int64)]
-            )
-        )
+        bad = _fallback_victims(s)
         if len(bad):
             dropped += len(bad)
             s.edit(np.zeros(0, np.int64), {}, bad)
-            _fix_pairing(s, fixes, rng, insert=False)
-            _fix_transitions(s, fixes, rng)
             _fix_values(s, fixes, rng)
             _fix_cpus(s, fixes, rng)
         _fix_time(s, fixes)
@@ -390,6 +441,39 @@ def repair_trace(
     out = _to_trace(s, trace)
     report = _report(a0, s, fixes, rounds, dropped, before)
     return out, report
+
+
+def _fallback_victims(s: _State) -> np.ndarray:
+    """Events to drop: each violator, except that a call left open is closed by dropping its entry
+    (dropping what follows it one event at a time would walk the whole thread)."""
+    a = s.arrays()
+    c = s.c
+    found = detect_all(a)
+    parts = [f.idx for r, f in found.items() if r not in _DROP_SPECIAL]
+    sys_idx, sys_prev = a.syscall_prev
+    open_entry = np.full(s.n, -1, dtype=np.int64)
+    has = sys_prev >= 0
+    open_entry[sys_idx[has]] = np.where(c.is_entry[s.ev[sys_prev[has]]], sys_prev[has], -1)
+    fp = found["syscall.pairing"]
+    stale = open_entry[fp.idx]
+    parts.append(np.where(fp.extra.get("kind", np.zeros(0, np.int64)) == 1, fp.idx, stale))
+    parts.append(fp.idx[(stale >= 0) & c.is_exit[s.ev[fp.idx]]])  # a wrong exit goes with its entry
+    tprev = a.thread_prev
+    for rule, pred_of in (("transition.global", lambda i: i - 1), ("transition.thread", lambda i: tprev[i])):
+        i = found[rule].idx
+        p = pred_of(i)
+        parts.append(np.where((p >= 0) & c.is_entry[s.ev[np.maximum(p, 0)]], p, i))
+    return np.unique(np.concatenate(parts + [np.zeros(0, np.int64)]))
+
+
+_DROP_SPECIAL = (
+    "dt.event",
+    "dt.transition",
+    "time.monotonic",
+    "syscall.pairing",
+    "transition.global",
+    "transition.thread",
+)
 
 
 def _to_trace(s: _State, like: Trace) -> Trace:
