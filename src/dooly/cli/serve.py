@@ -99,7 +99,7 @@ def simulate(
             "yes" if p.config.chunked_prefill else "no",
         ]
         if s is None:
-            table.add_row(*row, "-", "-", "-", "-", "n/a (prompt > budget)")
+            table.add_row(*row, "-", "-", "-", "-", "n/a (request > budget)")
             continue
         verdict = ("best" if p is top else "meets") if p.meets_slo else "misses"
         table.add_row(*row, f"{s.ttft['p90']:.2f}", f"{s.tpot['p90']:.3f}", f"{s.e2e['p90']:.2f}",
@@ -283,7 +283,7 @@ def report(
 def demo(
     workdir: Path = typer.Option(Path("out/dooly-demo"), help="Where the DB, results and report go."),
     quick: bool = typer.Option(False, help="Smallest settings (a smoke run)."),
-    grid: str = typer.Option("default", help="Profiler grid of the validated model: default (accurate) or tiny."),
+    grid: str = typer.Option("default", help="Profiler grid: default (accurate) or tiny (faster, coarse)."),
 ) -> None:
     """Run dooly end to end on the zoo's small models: trace, profile with reuse, validate, simulate, report."""
     from dooly.demo import run_demo
