@@ -174,7 +174,8 @@ def fit_for(train: Trace, seconds: float, **kw) -> TraceSynth:
     h = synth.history
     print(
         f"    trained {h['steps']} steps in {time.perf_counter() - t0:.0f} s "
-        f"({h['train_events_per_s']:,.0f} events/s), loss {h['loss']:.3f}, val {h['val_loss']:.3f}",
+        f"({h['train_events_per_s']:,.0f} events/s), loss {h['loss']:.3f}, val {h['val_loss']:.3f}; "
+        f"soft-clamp temperature {synth.config.clamp_temperature} (calibrated on the validation block)",
         flush=True,
     )
     return synth

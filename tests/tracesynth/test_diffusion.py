@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from tracesynth.diffusion import DDIMSampler, NoiseSchedule, TraceSynth, TraceSynthConfig, make_sampler
 from tracesynth.diffusion.samplers import AncestralSampler
+from tracesynth.diffusion.synth import CALIBRATION_TEMPERATURES
 from tracesynth.errors import TraceSynthError
 from tracesynth.generator import Generator
 from tracesynth.trace import Trace
@@ -101,6 +102,9 @@ def test_samplers_recover_x0_from_an_oracle_denoiser(kind: str) -> None:
 def test_fit_sample_produces_valid_traces(fitted: TraceSynth) -> None:
     assert isinstance(fitted, Generator) and fitted.name == "diffusion"
     assert fitted.step == TINY["steps"] and np.isfinite(fitted.history["loss"])
+    # the soft-clamp temperature was picked on the validation windows, among the candidates
+    assert len(fitted.history["calibration"]) == len(CALIBRATION_TEMPERATURES)
+    assert fitted.config.clamp_temperature in CALIBRATION_TEMPERATURES
     out = fitted.sample(100, seed=1)
     assert len(out) == 100
     out.validate()

@@ -51,6 +51,11 @@ class TraceSynthConfig:
     # the expected embedding under each channel's token posterior, "hard" snaps it to the nearest one
     # (Diffusion-LM's clamping), "none" leaves it alone. Final rounding is always to the nearest token.
     clamp: str = "soft"
+    # Temperature of the soft clamp's token posterior; with calibrate=True, fit() picks it from
+    # CALIBRATION_TEMPERATURES by sampling a few windows and matching the validation block's event and
+    # bigram frequencies (the best value differs from model to model).
+    clamp_temperature: float = 1.0
+    calibrate: bool = True
     sample_batch: int = 16  # windows denoised together
 
     def __post_init__(self) -> None:

@@ -136,7 +136,7 @@ class TraceDenoiser(nn.Module):
         """Project a predicted latent onto the nearest token embeddings (hard clamping)."""
         return self.embed(self.round(x0))
 
-    def soft_snap(self, x0: torch.Tensor) -> torch.Tensor:
+    def soft_snap(self, x0: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """Replace each discrete part by its expected embedding under softmax(-distance^2) (soft clamping).
 
         Unlike the hard snap this keeps the uncertainty of high-noise steps, where the nearest token
@@ -145,7 +145,7 @@ class TraceDenoiser(nn.Module):
         parts = []
         for c in self.channels:
             z = self.part(x0, c)
-            parts.append(z if c == "dt" else torch.softmax(self.logits(x0, c), -1) @ self.table(c))
+            parts.append(z if c == "dt" else torch.softmax(self.logits(x0, c) / temperature, -1) @ self.table(c))
         return torch.cat(parts, dim=-1)
 
     # -- denoiser -----------------------------------------------------------------------------

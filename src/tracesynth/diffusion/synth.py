@@ -31,6 +31,7 @@ from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
 
 FORMAT = "tracesynth-diffusion"
+CALIBRATION_TEMPERATURES = (0.6, 0.7, 0.8, 0.9, 1.0)
 FILES = ("config.json", "vocab.json", "model.safetensors", "optimizer.safetensors")
 
 
@@ -128,6 +129,11 @@ class TraceSynth:
         self.model.to("cpu")
         self.step, self.history = int(hist["steps"]), hist
         self.history["train_windows"], self.history["val_windows"] = len(train_w["event"]), len(val_w["event"])
+        if cfg.calibrate and cfg.clamp == "soft" and len(val_w["event"]):
+            scores = self.calibrate(val_w)
+            self.history["calibration"] = {str(k): v for k, v in scores.items()}
+            if checkpoint_dir is not None and world()[0] == 0:
+                self._save(checkpoint_dir, None)  # the final model with its calibrated temperature
         return self
 
     @torch.no_grad()
@@ -153,37 +159,13 @@ class TraceSynth:
             raise TraceSynthError(f"n_events must be non-negative, got {n_events}")
         cfg = self.config
         dev = resolve_device(device or cfg.device)
-        model = self.model.to(dev).eval()
         schedule = NoiseSchedule(cfg.timesteps, cfg.schedule)
         name = sampler or cfg.sampler
         try:
             smp = make_sampler(name, schedule, sampling_steps or cfg.sampling_steps)
         except ValueError as exc:
             raise TraceSynthError(str(exc)) from None
-        L = cfg.context
-        n_win = math.ceil(n_events / L)
-        g = torch.Generator(device=dev).manual_seed(int(seed))
-        x0_fn = {"soft": model.soft_snap, "hard": model.snap, "none": None}[cfg.clamp]
-        outs: dict[str, list[np.ndarray]] = {c: [] for c in self.codec.channels}
-        from rich.progress import Progress
-
-        with Progress(disable=not progress, transient=True) as bar:
-            task = bar.add_task(f"sample ({name}, {len(smp.timesteps)} steps)", total=n_win * len(smp.timesteps))
-            for a in range(0, n_win, cfg.sample_batch):
-                b = min(cfg.sample_batch, n_win - a)
-                x = torch.randn((b, L, model.latent), generator=g, device=dev)
-                for t in smp.timesteps:
-                    tt = torch.full((b,), t, device=dev, dtype=torch.long)
-                    eps = model(x, tt)
-                    if cfg.prediction == "x0":
-                        eps = schedule.predict_eps(x, eps, tt)
-                    x = smp.step(eps, t, x, g, x0_fn)
-                    bar.advance(task, b)
-                tok = model.round(x)
-                for c in self.codec.channels:
-                    outs[c].append(tok[c].cpu().numpy())
-        self.model.to("cpu")
-        windows = {c: np.concatenate(v) if v else np.zeros((0, L)) for c, v in outs.items()}
+        windows = self._sample_windows(math.ceil(n_events / cfg.context), seed, smp, dev, progress)
         meta = {
             "source_format": "synthetic",
             "generator": self.name,
@@ -199,6 +181,61 @@ class TraceSynth:
 
             trace, self.last_repair_report = repair_trace(trace, repair, seed=seed)
         return trace
+
+    @torch.no_grad()
+    def _sample_windows(
+        self,
+        n_win: int,
+        seed: int,
+        smp: Any,
+        dev: torch.device,
+        progress: bool = False,
+        temperature: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Token windows [n_win, L] per channel, denoised in batches of sample_batch."""
+        assert self.model is not None and self.codec is not None
+        cfg, model = self.config, self.model.to(dev).eval()
+        schedule = smp.schedule
+        tau = cfg.clamp_temperature if temperature is None else temperature
+        x0_fn = {"soft": lambda z: model.soft_snap(z, tau), "hard": model.snap, "none": None}[cfg.clamp]
+        L = cfg.context
+        g = torch.Generator(device=dev).manual_seed(int(seed))
+        outs: dict[str, list[np.ndarray]] = {c: [] for c in self.codec.channels}
+        from rich.progress import Progress
+
+        with Progress(disable=not progress, transient=True) as bar:
+            task = bar.add_task(f"sample ({smp.name}, {len(smp.timesteps)} steps)", total=n_win * len(smp.timesteps))
+            for a in range(0, n_win, cfg.sample_batch):
+                b = min(cfg.sample_batch, n_win - a)
+                x = torch.randn((b, L, model.latent), generator=g, device=dev)
+                for t in smp.timesteps:
+                    tt = torch.full((b,), t, device=dev, dtype=torch.long)
+                    out = model(x, tt)
+                    eps = schedule.predict_eps(x, out, tt) if cfg.prediction == "x0" else out
+                    x = smp.step(eps, t, x, g, x0_fn)
+                    bar.advance(task, b)
+                tok = model.round(x)
+                for c in self.codec.channels:
+                    outs[c].append(tok[c].cpu().numpy())
+        self.model.to("cpu")
+        return {c: np.concatenate(v) if v else np.zeros((0, L), dtype=np.int64) for c, v in outs.items()}
+
+    def calibrate(self, val_w: dict[str, np.ndarray], windows: int = 8, seed: int = 0) -> dict[float, float]:
+        """Pick the soft-clamp temperature whose samples best match the validation windows' event
+        and bigram frequencies (same noise for every candidate, so the comparison is paired)."""
+        assert self.codec is not None
+        cfg = self.config
+        smp = make_sampler(cfg.sampler, NoiseSchedule(cfg.timesteps, cfg.schedule), cfg.sampling_steps)
+        dev = resolve_device(cfg.device)
+        V = len(self.codec.events)
+        real = _token_stats(val_w["event"], V)
+        scores = {}
+        for tau in CALIBRATION_TEMPERATURES:
+            w = self._sample_windows(windows, seed, smp, dev, temperature=tau)
+            fake = _token_stats(w["event"], V)
+            scores[tau] = _jsd(fake[0], real[0]) + _jsd(fake[1], real[1])
+        self.config.clamp_temperature = min(scores, key=lambda k: scores[k])
+        return scores
 
     # -- storage ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
@@ -254,8 +291,10 @@ class TraceSynth:
             codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
             state = load_file(str(directory / "model.safetensors"))
             opt_tensors = load_file(str(directory / "optimizer.safetensors"))
-        except TraceSynthError:
-            raise
+        except TraceSynthError as exc:
+            if exc.path:
+                raise
+            raise TraceSynthError(f"bad config.json ({exc})", directory) from None
         except (ValueError, KeyError, TypeError, OSError, SafetensorError) as exc:
             raise TraceSynthError(f"unreadable model ({type(exc).__name__}: {exc})", directory) from None
         self = cls(cfg)
@@ -300,3 +339,18 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 
 def is_main_process() -> bool:
     return world()[0] == 0
+
+
+def _token_stats(tokens: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unigram and within-window bigram counts of event tokens [n, L]."""
+    uni = np.bincount(tokens.reshape(-1), minlength=vocab).astype(float)
+    pairs = (tokens[:, :-1] * vocab + tokens[:, 1:]).reshape(-1)
+    return uni, np.bincount(pairs, minlength=vocab * vocab).astype(float)
+
+
+def _jsd(p: np.ndarray, q: np.ndarray) -> float:
+    """Jensen-Shannon divergence in bits between two count vectors."""
+    p, q = p / max(p.sum(), 1e-12), q / max(q.sum(), 1e-12)
+    m = (p + q) / 2
+    kl = lambda a: float((a[a > 0] * np.log2(a[a > 0] / m[a > 0])).sum())  # noqa: E731
+    return 0.5 * kl(p) + 0.5 * kl(q)
