@@ -31,7 +31,7 @@ from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
 
 FORMAT = "tracesynth-diffusion"
-CALIBRATION_TEMPERATURES = (0.6, 0.7, 0.8, 0.9, 1.0)
+CALIBRATION_TEMPERATURES = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25)
 FILES = ("config.json", "vocab.json", "model.safetensors", "optimizer.safetensors")
 
 
