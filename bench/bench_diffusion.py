@@ -14,8 +14,12 @@ Figures, printed side by side (and written to --out as JSON):
 JSD is the Jensen-Shannon divergence in bits (0 = identical, 1 = disjoint). Real data is split by
 time into train / validation / test blocks (0.8 / 0.1 / 0.1); the model sees only the first 0.9.
 
-    .venv/bin/python bench/bench_diffusion.py            # full: about 15 minutes on 2 cores
-    .venv/bin/python bench/bench_diffusion.py --quick    # about 3 minutes, smaller budgets
+    .venv/bin/python bench/bench_diffusion.py            # full: about 30 minutes on 2 shared cores
+    .venv/bin/python bench/bench_diffusion.py --quick    # about 9 minutes, smaller budgets
+    .venv/bin/python bench/bench_diffusion.py --only done --train-seconds 240   # just the done-when check
+
+Training runs are time-limited, so on a busier machine they take fewer steps (and score a little
+worse); the steps actually taken are printed beside every figure.
 """
 
 from __future__ import annotations
@@ -173,9 +177,13 @@ def fit_for(train: Trace, seconds: float, **kw) -> TraceSynth:
     synth = TraceSynth(cfg).fit([train])
     h = synth.history
     print(
-        f"    trained {h['steps']} steps in {time.perf_counter() - t0:.0f} s "
+        f"    trained {h['steps']} steps, fit in {time.perf_counter() - t0:.0f} s with calibration "
         f"({h['train_events_per_s']:,.0f} events/s), loss {h['loss']:.3f}, val {h['val_loss']:.3f}; "
-        f"soft-clamp temperature {synth.config.clamp_temperature} (calibrated on the validation block)",
+        + (
+            f"soft-clamp temperature {synth.config.clamp_temperature} (calibrated on the validation block)"
+            if synth.config.clamp == "soft"
+            else f"{synth.config.clamp} clamp"
+        ),
         flush=True,
     )
     return synth
@@ -263,7 +271,7 @@ def bench_done_when(train: Trace, test: Trace, seconds: float, n_events: int, n_
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=REPO / "data" / "scimark2.parquet")
-    ap.add_argument("--quick", action="store_true", help="small budgets (about 3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="small budgets (about 9 minutes)")
     ap.add_argument("--train-seconds", type=float, default=None, help="training time of the done-when model")
     ap.add_argument("--only", choices=("throughput", "patching", "done"), action="append", help="run only these parts")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
