@@ -519,7 +519,7 @@ class JobRunner:
                 rotated[i] = [t] + [_fresh(shape, stride, dtype, dev, like=t) for _ in range(k - 1)]
             return t
 
-        args, kwargs = _build_call(sig, values, make_tensor)
+        args, kwargs = sig.build_call(values, make_tensor)
         func = _resolve_op(sig.op)
         if not rotated:
             return lambda _i: func(*args, **kwargs)
@@ -562,53 +562,6 @@ def _fresh(shape: Sequence[int], stride: Sequence[int], dtype: Any, dev: Any, li
     else:
         base.zero_()
     return base.as_strided(tuple(int(n) for n in shape), tuple(int(s) for s in stride))
-
-
-_TAGS = ("tensor", "sym", "dtype", "device", "layout", "memory_format", "float")
-
-
-def _build_call(sig: Signature, values: Mapping[str, int], make_tensor: Callable) -> tuple[list, dict]:
-    """``(args, kwargs)`` of a signature at ``values``.
-
-    Like ``Signature.build_call`` but a tag is only a one-key dict whose value is a scalar, so a kwargs dict
-    such as ``{"dtype": {"dtype": "bool"}}`` is not itself mistaken for a dtype tag.
-    """
-    import torch
-
-    from dooly.signature import eval_expr
-
-    shapes = [t.concrete(values) for t in sig.inputs]
-    made: dict[int, Any] = {}
-
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, list):
-            return [walk(x) for x in obj]
-        if isinstance(obj, dict):
-            if len(obj) == 1:
-                ((name, v),) = obj.items()
-                if name in _TAGS and not isinstance(v, dict | list):
-                    return tag(name, v)
-            return {k: walk(v) for k, v in obj.items()}
-        return obj
-
-    def tag(name: str, v: Any) -> Any:
-        if name == "tensor":
-            if v not in made:
-                shape, stride = shapes[v]
-                made[v] = make_tensor(v, sig.inputs[v], shape, stride)
-            return made[v]
-        if name == "sym":
-            return eval_expr(v, values)
-        if name == "dtype":
-            return getattr(torch, v)
-        if name == "device":
-            return torch.device(v)
-        if name in ("layout", "memory_format"):
-            return getattr(torch, str(v).removeprefix("torch."))
-        return float(v)
-
-    decoded = json.loads(sig.args)
-    return walk(decoded["args"]), {k: walk(v) for k, v in decoded["kwargs"].items()}
 
 
 def _resolve_op(name: str) -> Any:

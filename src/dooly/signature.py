@@ -211,12 +211,18 @@ class TensorSpec:
 
 
 def _walk_args(obj: Any, fn: Callable[[dict], Any]) -> Any:
-    """Rebuild a decoded args structure, replacing each tagged dict via ``fn``."""
+    """Rebuild a decoded args structure, replacing each tagged dict via ``fn``.
+
+    A tag is a one-key dict whose value is a scalar, so a kwarg such as ``{"dtype": {"dtype": "bool"}}``
+    is a dict holding a tag, not a tag itself.
+    """
     if isinstance(obj, list):
         return [_walk_args(x, fn) for x in obj]
     if isinstance(obj, dict):
-        if len(obj) == 1 and next(iter(obj)) in _TAGS:
-            return fn(obj)
+        if len(obj) == 1:
+            ((name, value),) = obj.items()
+            if name in _TAGS and not isinstance(value, dict | list):
+                return fn(obj)
         return {k: _walk_args(v, fn) for k, v in obj.items()}
     return obj
 
@@ -298,8 +304,8 @@ class Signature:
                 return getattr(torch, v.removeprefix("torch."))
             return float(v)
 
-        decoded = _walk_args(json.loads(self.args), sub)
-        return decoded["args"], decoded["kwargs"]
+        decoded = json.loads(self.args)
+        return _walk_args(decoded["args"], sub), {k: _walk_args(v, sub) for k, v in decoded["kwargs"].items()}
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "inputs": [t.to_dict() for t in self.inputs], "args": self.args, "engine": self.engine}

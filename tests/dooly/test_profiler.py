@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -18,14 +17,12 @@ from dooly.errors import DoolyError
 from dooly.profiler import (
     GridSpec,
     TimerConfig,
-    _build_call,
     _fresh,
     make_plan,
     run_plan,
     savings,
     time_calls,
 )
-from dooly.signature import Signature
 from dooly.store import ProfileStore
 
 FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
@@ -66,14 +63,6 @@ def test_fresh_handles_broadcast_strides_and_copies() -> None:
     c = _fresh((3, 4), (0, 1), torch.float32, torch.device("cpu"), like=t)
     assert torch.equal(c, t) and c.data_ptr() != t.data_ptr()
     assert _fresh((2,), (1,), torch.int64, torch.device("cpu")).sum().item() == 0
-
-
-def test_build_call_kwargs_named_like_a_tag() -> None:
-    doc = {"args": [[{"sym": "requests"}, 3]], "kwargs": {"dtype": {"dtype": "bool"}}}
-    sig = Signature("aten.ones.default", (), json.dumps(doc), "hf-eager/cpu")
-    args, kwargs = _build_call(sig, {"requests": 2}, lambda *a: None)
-    assert args == [[2, 3]] and kwargs == {"dtype": torch.bool}
-    assert torch.ops.aten.ones.default(*args, **kwargs).shape == (2, 3)
 
 
 def test_plan_dedups_across_models_and_against_the_db(two_models) -> None:

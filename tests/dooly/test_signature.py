@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -98,3 +100,11 @@ def test_trace_json_round_trip_and_unique() -> None:
 def test_layer_of() -> None:
     assert layer_of("model.layers.12.self_attn.q_proj") == 12
     assert layer_of("lm_head") is None
+
+
+def test_build_call_kwargs_named_like_a_tag() -> None:
+    doc = {"args": [[{"sym": "requests"}, 3]], "kwargs": {"dtype": {"dtype": "bool"}}}
+    sig = Signature("aten.ones.default", (), json.dumps(doc), "hf-eager/cpu")
+    args, kwargs = sig.build_call({"requests": 2}, lambda *a: None)
+    assert args == [[2, 3]] and kwargs == {"dtype": torch.bool}
+    assert torch.ops.aten.ones.default(*args, **kwargs).shape == (2, 3)
