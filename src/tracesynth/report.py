@@ -21,6 +21,7 @@ import numpy as np
 
 from tracesynth.atomic import atomic_path
 from tracesynth.errors import TraceSynthError
+from tracesynth.evaluate.metrics import FIDELITY_COLUMNS
 from tracesynth.trace import Trace
 
 TOP_EVENTS = 15
@@ -410,20 +411,7 @@ def render_html(results: Mapping[str, Any]) -> str:
                 "(impossible transitions, unpaired syscalls, a thread on two CPUs at once...). Repair should bring "
                 "it to (near) zero; the real held-out block shows the rules' own false-alarm level.</div>"
             )
-        cols = [
-            "workload",
-            "generator",
-            "variant",
-            "jsd_event",
-            "jsd_2gram",
-            "jsd_3gram",
-            "dt_wasserstein",
-            "latency_wasserstein",
-            "violation_rate",
-            "longest_shared_run",
-            "copied_window_share",
-        ]
-        out.append(_table(fid, cols))
+        out.append(_table(fid, FIDELITY_COLUMNS))
         out.append(
             "<div class='guide'>JSD: Jensen-Shannon divergence of event-type (1-gram) and 2/3-gram "
             "distributions (0 = identical, 1 = disjoint). dt / latency: Wasserstein distance between "

@@ -18,6 +18,21 @@ from scipy.stats import wasserstein_distance
 
 from tracesynth.trace import Trace
 
+# The fidelity table's columns, in the order the Markdown results and the HTML report show them.
+FIDELITY_COLUMNS = (
+    "workload",
+    "generator",
+    "variant",
+    "jsd_event",
+    "jsd_2gram",
+    "jsd_3gram",
+    "dt_wasserstein",
+    "latency_wasserstein",
+    "violation_rate",
+    "longest_shared_run",
+    "copied_window_share",
+)
+
 
 def jsd(p: np.ndarray, q: np.ndarray) -> float:
     """Jensen-Shannon divergence (base 2) of two count/probability vectors on the same support."""

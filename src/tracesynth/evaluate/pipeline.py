@@ -30,6 +30,7 @@ from tracesynth.atomic import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.evaluate import experiments as ex
 from tracesynth.evaluate.classifier import ClassifierConfig
+from tracesynth.evaluate.metrics import FIDELITY_COLUMNS
 from tracesynth.evaluate.windows import Vocab, split_trace
 from tracesynth.trace import Trace
 
@@ -481,20 +482,7 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         parts.append(markdown_table(_mean_std_cols(t["workload_id_summary"], ["train_on"], ["macro_f1", "accuracy"])))
     if t["fidelity"]:
         parts.append("\n## Fidelity and privacy (against the real training block; lower is closer)\n\n")
-        cols = [
-            "workload",
-            "generator",
-            "variant",
-            "jsd_event",
-            "jsd_2gram",
-            "jsd_3gram",
-            "dt_wasserstein",
-            "latency_wasserstein",
-            "violation_rate",
-            "longest_shared_run",
-            "copied_window_share",
-        ]
-        parts.append(markdown_table(t["fidelity"], cols))
+        parts.append(markdown_table(t["fidelity"], FIDELITY_COLUMNS))
     if t["scarce_summary"]:
         parts.append("\n## Scarce-data curve (next-event Macro-F1)\n\n")
         parts.append(
