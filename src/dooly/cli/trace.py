@@ -97,20 +97,22 @@ def zoo_cmd() -> None:
     from dooly.zoo import list_models
 
     table = Table(title="dooly model zoo")
-    for col in ("name", "family", "model_type", "params (B)", "layers", "hidden", "heads/kv", "source"):
-        table.add_column(col, justify="right" if col in ("params (B)", "layers", "hidden") else "left")
+    cols = ("name", "family", "params (B)", "layers", "hidden", "heads/kv", "source")
+    rows = []
     for m in list_models():
         c = m.config
         heads = c.get("num_attention_heads", "?")
         kv = c.get("num_key_value_heads", heads)
-        table.add_row(
-            m.name,
-            m.family,
-            str(c.get("model_type")),
-            "" if m.params_billion is None else f"{m.params_billion:g}",
-            str(c.get("num_hidden_layers", "?")),
-            str(c.get("hidden_size", "?")),
-            f"{heads}/{kv}",
-            m.hf_repo,
-        )
+        family = m.family if m.family == c.get("model_type") else f"{m.family} ({c.get('model_type')})"
+        params = "" if m.params_billion is None else f"{m.params_billion:g}"
+        layers, hidden = str(c.get("num_hidden_layers", "?")), str(c.get("hidden_size", "?"))
+        rows.append((m.name, family, params, layers, hidden, f"{heads}/{kv}", m.hf_repo))
+    # Every column but the source keeps its full text (the name is what users type next); on a narrow
+    # terminal the source is cut short.
+    for i, col in enumerate(cols):
+        width = None if col == "source" else max(len(col), *(len(r[i]) for r in rows))
+        numeric = col in ("params (B)", "layers", "hidden")
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=True, min_width=width)
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
