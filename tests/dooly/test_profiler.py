@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -120,12 +119,20 @@ from test_profiler import _KILL_GRID
 from dooly.engines import get_engine
 from dooly.profiler import TimerConfig, make_plan, run_plan
 from dooly.store import ProfileStore
+
+
+def on_job(job, stats):
+    # Say a job is committed, then wait for the test to kill us: a kill that always lands mid-run.
+    print("job", flush=True)
+    sys.stdin.readline()
+
+
 slow = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=1.0)
 with ProfileStore(sys.argv[1]) as st:
     eng = get_engine()
     plan = make_plan([tiny_config("tiny-a")], st, eng, _KILL_GRID, threads=1)
     print("todo", plan.todo_points, flush=True)
-    run_plan(plan, st, eng, timer=slow, threads=1, on_job=lambda j, s: print("job", flush=True))
+    run_plan(plan, st, eng, timer=slow, threads=1, on_job=on_job)
 """
 
 
@@ -134,11 +141,12 @@ def test_sigkill_mid_profile_resumes_and_loses_nothing(tmp_path: Path) -> None:
     cfg = tiny_config("tiny-a")
     seed_traces(db, cfg)
     here = str(Path(__file__).parent)
-    proc = subprocess.Popen([sys.executable, "-c", _PROFILE, str(db), here], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PROFILE, str(db), here], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     total = int(proc.stdout.readline().split()[1])
-    assert proc.stdout.readline().strip() == "job"  # at least one job committed
-    time.sleep(0.2)
+    assert proc.stdout.readline().strip() == "job"  # one job committed, the process now waits to be killed
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     with ProfileStore(db) as st:
