@@ -244,17 +244,7 @@ def serve(
             end = time.perf_counter() - t0
         else:
             virtual = end = now + (time.thread_time() - c0)
-        rec = IterationRecord(
-            replica=0,
-            start=now,
-            end=end,
-            prefill_tokens=sum(n for _, n in batch.prefill),
-            num_prefill=len(batch.prefill),
-            num_decode=len(batch.decode),
-            kv_blocks_used=sched.kv.used,
-            kv_blocks_total=sched.kv.num_blocks,
-            preempted=len(batch.preempted),
-        )
+        rec = IterationRecord.of(batch, sched.kv, 0, now, end)
         iterations.append(rec)
         batches.append(_snapshot(batch))
         if on_iteration is not None:

@@ -132,3 +132,18 @@ class IterationRecord:
     kv_blocks_used: int
     kv_blocks_total: int
     preempted: int
+
+    @classmethod
+    def of(cls, batch: ScheduledBatch, kv: KVCache, replica: int, start: float, end: float) -> IterationRecord:
+        """The record of `batch` having run from `start` to `end`, with the KV cache as it left it."""
+        return cls(
+            replica=replica,
+            start=start,
+            end=end,
+            prefill_tokens=sum(n for _, n in batch.prefill),
+            num_prefill=len(batch.prefill),
+            num_decode=len(batch.decode),
+            kv_blocks_used=kv.used,
+            kv_blocks_total=kv.num_blocks,
+            preempted=len(batch.preempted),
+        )

@@ -105,17 +105,7 @@ def simulate(
             rep = ev.replica
             batch: ScheduledBatch = ev.payload
             sched = schedulers[rep]
-            rec = IterationRecord(
-                replica=rep,
-                start=starts[rep],
-                end=ev.time,
-                prefill_tokens=sum(n for _, n in batch.prefill),
-                num_prefill=len(batch.prefill),
-                num_decode=len(batch.decode),
-                kv_blocks_used=sched.kv.used,
-                kv_blocks_total=sched.kv.num_blocks,
-                preempted=len(batch.preempted),
-            )
+            rec = IterationRecord.of(batch, sched.kv, rep, starts[rep], ev.time)
             iterations.append(rec)
             if on_iteration is not None:
                 on_iteration(rec)
