@@ -241,24 +241,25 @@ def ret_keys(ev: np.ndarray, sym: np.ndarray) -> np.ndarray:
     return ev.astype(np.int64) * _SYMSPAN + (sym + _SYMOFF)
 
 
-def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str]) -> Compiled:
-    """Arrays of the rules, over the rules' vocabulary extended by the trace's unknown names."""
-    d = rules.doc
-    names = list(d["events"])
+def _extend_vocab(known: list[str], extra: list[str]) -> tuple[list[str], dict[str, int]]:
+    """The rules' names followed by the trace's unseen ones, and each name's index."""
+    names = list(known)
     index = {n: i for i, n in enumerate(names)}
-    n_known = len(names)
-    for n in trace_events:
+    for n in extra:
         if n not in index:
             index[n] = len(names)
             names.append(n)
+    return names, index
+
+
+def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str]) -> Compiled:
+    """Arrays of the rules, over the rules' vocabulary extended by the trace's unknown names."""
+    d = rules.doc
+    names, index = _extend_vocab(d["events"], trace_events)
+    n_known = len(d["events"])
     V = len(names)
-    comms = list(d["comms"])
-    cindex = {c: i for i, c in enumerate(comms)}
-    n_known_comms = len(comms)
-    for c in trace_comms:
-        if c not in cindex:
-            cindex[c] = len(comms)
-            comms.append(c)
+    comms, cindex = _extend_vocab(d["comms"], trace_comms)
+    n_known_comms = len(d["comms"])
     C = max(1, len(comms))
 
     def graph(section: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
