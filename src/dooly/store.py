@@ -112,6 +112,10 @@ class Measurement:
     repeats: int
     cost_s: float
 
+    def row(self) -> tuple[float, float, float, int, float, float]:
+        """The statistics as stored, followed by the time they are written."""
+        return (self.median_s, self.p10_s, self.p90_s, self.repeats, self.cost_s, time.time())
+
 
 class ProfileStore:
     """The profile database. Open it with ``ProfileStore(path)``; use as a context manager to close it."""
@@ -209,12 +213,7 @@ class ProfileStore:
                     *ctx.as_tuple(),
                     sig_key,
                     canonical_point(values),
-                    m.median_s,
-                    m.p10_s,
-                    m.p90_s,
-                    m.repeats,
-                    m.cost_s,
-                    time.time(),
+                    *m.row(),
                 ),
             )
 
@@ -266,12 +265,7 @@ class ProfileStore:
                     model,
                     phase,
                     canonical_point(values),
-                    m.median_s,
-                    m.p10_s,
-                    m.p90_s,
-                    m.repeats,
-                    m.cost_s,
-                    time.time(),
+                    *m.row(),
                 ),
             )
 
