@@ -46,6 +46,22 @@ def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: i
 SIM_HELP = "Workload: a CSV/JSONL trace or a generator spec such as poisson:n=64,rate=2,prompt=32-256,output=16"
 
 
+def memory_model(model: str, memory_gb: float, utilization: float, dtype: str, kv_cache_dtype: str,
+                 activation_gb: float | None):  # fmt: skip
+    """MODEL's memory model on a device of `memory_gb` GiB (its config from the zoo or a config path)."""
+    from dooly.simulator import MemoryModel
+
+    return MemoryModel(
+        resolve_config(model), memory_gb, utilization, dtype, kv_cache_dtype, activation_gb, name=Path(model).stem
+    )
+
+
+ROUTER_HELP = (
+    "Global scheduler across replicas: round_robin, random (seeded by --router-seed) or least_outstanding "
+    "(fewest requests queued or running at arrival)."
+)
+
+
 @app.command()
 def simulate(
     model: str = typer.Argument(..., help="Model name (zoo) or config path, as profiled."),
@@ -55,8 +71,25 @@ def simulate(
     max_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Token budget of one iteration."),
     chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
     block_size: int = typer.Option(16, help="KV-cache block size in tokens."),
-    kv_blocks: int = typer.Option(4096, help="KV-cache blocks per replica."),
-    replicas: int = typer.Option(1, help="Replicas (requests spread round-robin)."),
+    kv_blocks: int | None = typer.Option(
+        None,
+        "--num-kv-blocks",
+        "--kv-blocks",
+        help="KV-cache blocks per replica, explicit (overrides --memory-gb; 4096 when neither is given).",
+    ),
+    memory_gb: float | None = typer.Option(
+        None, "--memory-gb", help="Device memory per replica in GiB: derive the KV blocks from it as vLLM does."
+    ),
+    gpu_util: float = typer.Option(
+        0.9, "--gpu-memory-utilization", help="Fraction of --memory-gb the engine may use (vLLM's default 0.9)."
+    ),
+    kv_cache_dtype: str = typer.Option("auto", help="KV-cache dtype: auto (= --dtype), a torch dtype, or fp8."),
+    activation_gb: float | None = typer.Option(
+        None, "--activation-gb", help="Activation reserve in GiB (default: estimated from the config and budget)."
+    ),
+    replicas: int = typer.Option(1, help="Replicas (requests spread by --router)."),
+    router: str = typer.Option("round_robin", "--router", help=ROUTER_HELP),
+    router_seed: int = typer.Option(0, "--router-seed", help="Seed of the random router."),
     sweep: bool = typer.Option(False, "--sweep", help="Sweep max tokens, max seqs and chunked prefill."),
     slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="SLO on p90 TTFT, seconds."),
     slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="SLO on p90 TPOT, seconds."),
@@ -64,21 +97,43 @@ def simulate(
     dtype: str = typer.Option("bfloat16", help="Engine dtype the model was profiled with."),
 ) -> None:
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
+    from dataclasses import replace
+
     from dooly.report import save_result
-    from dooly.simulator import parse_workload
+    from dooly.simulator import make_router, parse_workload
     from dooly.simulator import simulate as run_sim
     from dooly.simulator.search import SLO, best, config_grid
     from dooly.simulator.search import sweep as run_sweep
 
+    make_router(router)  # an unknown name fails before any work
     w = parse_workload(workload)
+    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks or 4096)
+    mem = plan = None
+    if memory_gb is not None:
+        mem = memory_model(model, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb)
+        plan = mem.plan_for(cfg)
+        out.print(f"KV cache: {plan.describe()}")
+        if kv_blocks is None:
+            cfg = replace(cfg, num_kv_blocks=plan.num_blocks)
+            out.print(f"KV cache: {plan.num_blocks} blocks per replica, derived from memory")
+        else:
+            out.print(
+                f"KV cache: {kv_blocks} blocks per replica from --num-kv-blocks (memory would give {plan.num_blocks})"
+            )
     latency = load_latency_model(model, db, dtype)
-    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
 
-    res = run_sim(w, latency, cfg, num_replicas=replicas)
+    res = run_sim(w, latency, cfg, num_replicas=replicas, router=router, router_seed=router_seed)
     payload = {"kind": "simulation", "model": model, "workload": workload, "config": cfg.label(),
+               "num_kv_blocks": cfg.num_kv_blocks, "replicas": replicas, "router": router,
+               "memory": plan.describe() if plan else None,
                "summary": res.summary.row(), "ttft": res.metrics.ttft, "e2e": res.metrics.e2e}  # fmt: skip
     if not sweep:
-        print_summary(res.summary, f"{model}: {len(w)} requests, {cfg.label()}")
+        title = f"{model}: {len(w)} requests, {cfg.label()} kv_blocks={cfg.num_kv_blocks}"
+        if replicas > 1:
+            title += f", {replicas} replicas ({router})"
+        print_summary(res.summary, title)
+        if replicas > 1:
+            out.print(f"requests per replica: {', '.join(map(str, res.replica_counts()))}")
         save_result(db, f"simulation-{Path(model).stem}", payload)
         if output:
             res.metrics.save_csv(output)
@@ -86,11 +141,23 @@ def simulate(
         return
     slo = SLO(slo_ttft, slo_tpot)
     configs = config_grid(cfg)
+    per_config_kv = mem is not None and kv_blocks is None  # each token budget leaves its own KV blocks
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulating configs", total=len(configs))
-        points = run_sweep(w, latency, configs, slo, replicas, progress=lambda: bar.advance(task))
+        points = run_sweep(
+            w,
+            latency,
+            configs,
+            slo,
+            replicas,
+            progress=lambda: bar.advance(task),
+            memory=mem if per_config_kv else None,
+            router=router,
+            router_seed=router_seed,
+        )
     top = best(points)
-    table = Table("seqs", "tokens", "chunked", "TTFT p90 s", "TPOT p90 s", "e2e p90 s", "tok/s", "SLO", box=None)
+    cols = ["seqs", "tokens", "chunked"] + (["KV blocks"] if per_config_kv else [])
+    table = Table(*cols, "TTFT p90 s", "TPOT p90 s", "e2e p90 s", "tok/s", "SLO", box=None)
     for p in points:
         s = p.summary
         row = [
@@ -98,8 +165,10 @@ def simulate(
             str(p.config.max_num_batched_tokens),
             "yes" if p.config.chunked_prefill else "no",
         ]
+        if per_config_kv:
+            row.append(str(p.config.num_kv_blocks) if s is not None else "-")
         if s is None:
-            table.add_row(*row, "-", "-", "-", "-", "n/a (request > budget)")
+            table.add_row(*row, "-", "-", "-", "-", _infeasible(p.reason))
             continue
         verdict = ("best" if p is top else "meets") if p.meets_slo else "misses"
         table.add_row(*row, f"{s.ttft['p90']:.2f}", f"{s.tpot['p90']:.3f}", f"{s.e2e['p90']:.2f}",
@@ -115,7 +184,8 @@ def simulate(
     payload.update(slo=slo.describe(), best=top.config.label() if top else "none meets the SLO")
     payload["sweep"] = [
         {"max_num_seqs": p.config.max_num_seqs, "max_num_batched_tokens": p.config.max_num_batched_tokens,
-         "chunked": p.config.chunked_prefill, "ttft_p90_s": p.summary.ttft["p90"] if p.summary else float("nan"),
+         "chunked": p.config.chunked_prefill, "num_kv_blocks": p.config.num_kv_blocks,
+         "ttft_p90_s": p.summary.ttft["p90"] if p.summary else float("nan"),
          "tpot_p90_s": p.summary.tpot["p90"] if p.summary else float("nan"),
          "tok_per_s": p.summary.throughput_tokens if p.summary else float("nan"), "meets_slo": p.meets_slo}
         for p in points
@@ -126,6 +196,15 @@ def simulate(
 
         write_sweep_csv(points, output)
         out.print(f"sweep table: {output}")
+
+
+def _infeasible(reason: str) -> str:
+    """A short table cell for a configuration that cannot serve the workload."""
+    if "max_num_batched_tokens=" in reason:
+        return "n/a (request > budget)"
+    if "KV blocks" in reason or "KV-cache" in reason:
+        return "n/a (KV cache too small)"
+    return "n/a"
 
 
 def print_summary(s, title: str) -> None:

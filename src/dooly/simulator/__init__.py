@@ -1,25 +1,35 @@
-"""dooly's serving simulator, cut as Vidur's is: entities, events, a replica scheduler, workloads, metrics."""
+"""dooly's serving simulator, cut as Vidur's is: entities, events, a replica scheduler, a router across replicas,
+workloads, metrics, and KV-cache sizing from device memory."""
 
 from dooly.simulator.entities import KVCache, Request, ScheduledBatch
+from dooly.simulator.memory import KVLayout, MemoryModel, MemoryPlan, kv_layout
 from dooly.simulator.metrics import RequestMetrics, Summary, mape, summarize
+from dooly.simulator.router import ROUTERS, Router, make_router
 from dooly.simulator.scheduler import ReplicaScheduler, SchedulerConfig
 from dooly.simulator.simulator import CachedLatency, LatencyModel, SimulationResult, simulate
 from dooly.simulator.workload import Workload, generate_workload, load_workload, parse_workload
 
 __all__ = [
+    "ROUTERS",
     "CachedLatency",
     "KVCache",
+    "KVLayout",
     "LatencyModel",
+    "MemoryModel",
+    "MemoryPlan",
     "ReplicaScheduler",
     "Request",
     "RequestMetrics",
+    "Router",
     "ScheduledBatch",
     "SchedulerConfig",
     "SimulationResult",
     "Summary",
     "Workload",
     "generate_workload",
+    "kv_layout",
     "load_workload",
+    "make_router",
     "mape",
     "parse_workload",
     "simulate",

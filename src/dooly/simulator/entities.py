@@ -31,6 +31,7 @@ class Request:
     first_token: float | None = None
     finished: float | None = None
     preemptions: int = 0
+    replica: int = -1  # where the router sent it (-1 until routed)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.output_tokens < 1:

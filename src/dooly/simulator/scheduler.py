@@ -73,6 +73,11 @@ class ReplicaScheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def outstanding(self) -> int:
+        """Requests this replica holds and has not finished (queued or running)."""
+        return len(self.waiting) + len(self.running)
+
     # -- one iteration ------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         """Choose the next iteration (possibly empty when nothing can run)."""

@@ -3,7 +3,8 @@
 The best configuration is the one that meets the SLO (p90 TTFT and p90 TPOT at most the given seconds)
 with the highest output-token throughput, ties broken by the lower p90 end-to-end latency. Configurations
 that cannot serve the workload at all (a prompt above the token budget without chunked prefill) are kept
-in the table as infeasible rather than dropped silently.
+in the table as infeasible rather than dropped silently. With a memory model, every configuration gets the
+KV blocks its own token budget leaves (a larger budget reserves more activation memory), as vLLM would.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from dooly.errors import DoolyError
+from dooly.simulator.memory import MemoryModel
 from dooly.simulator.metrics import Summary
 from dooly.simulator.scheduler import SchedulerConfig
 from dooly.simulator.simulator import CachedLatency, LatencyModel, simulate
@@ -68,13 +70,19 @@ def sweep(
     slo: SLO,
     num_replicas: int = 1,
     progress: Callable[[], None] | None = None,
+    memory: MemoryModel | None = None,
+    router: str = "round_robin",
+    router_seed: int = 0,
 ) -> list[SweepPoint]:
-    """Simulate every config (sharing one latency cache, since batch shapes recur across configs)."""
+    """Simulate every config (sharing one latency cache, since batch shapes recur across configs). With
+    `memory`, each config's ``num_kv_blocks`` is derived from device memory first."""
     cached = latency if isinstance(latency, CachedLatency) else CachedLatency(latency)
     points = []
     for cfg in configs:
         try:
-            res = simulate(workload, cached, cfg, num_replicas=num_replicas)
+            if memory is not None:
+                cfg = memory.configure(cfg)
+            res = simulate(workload, cached, cfg, num_replicas=num_replicas, router=router, router_seed=router_seed)
             points.append(SweepPoint(cfg, res.summary, slo.met(res.summary)))
         except DoolyError as exc:
             points.append(SweepPoint(cfg, None, False, str(exc)))

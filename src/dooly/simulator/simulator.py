@@ -2,8 +2,9 @@
 
 Each replica runs one iteration at a time; when it ends, the scheduler applies it and picks the next.
 Iteration latency comes from any object with ``iteration_latency(batch) -> seconds`` (dooly's Predictor,
-or an analytic stand-in in tests). Requests are spread over replicas round-robin, as Vidur's default global
-scheduler does. Nothing here is random, so a workload and a config always give the same result.
+or an analytic stand-in in tests). A router (:mod:`dooly.simulator.router`) sends each arriving request to a
+replica: round-robin by default, as Vidur's default global scheduler does. The only randomness is the
+``random`` router's seeded generator, so a workload, a config and a seed always give the same result.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dooly.batch import Batch
+from dooly.errors import DoolyError
 from dooly.simulator.entities import IterationRecord, Request, ScheduledBatch
 from dooly.simulator.events import EventKind, EventQueue
 from dooly.simulator.metrics import RequestMetrics, Summary, summarize
+from dooly.simulator.router import Router, make_router
 from dooly.simulator.scheduler import ReplicaScheduler, SchedulerConfig
 from dooly.simulator.workload import Workload
 
@@ -60,6 +63,14 @@ class SimulationResult:
     metrics: RequestMetrics
     summary: Summary
     config: SchedulerConfig
+    num_replicas: int = 1
+
+    def replica_counts(self) -> list[int]:
+        """Requests routed to each replica."""
+        counts = [0] * self.num_replicas
+        for r in self.requests:
+            counts[r.replica] += 1
+        return counts
 
 
 def simulate(
@@ -68,9 +79,16 @@ def simulate(
     config: SchedulerConfig | None = None,
     num_replicas: int = 1,
     on_iteration: Callable[[IterationRecord], None] | None = None,
+    router: str | Router = "round_robin",
+    router_seed: int = 0,
 ) -> SimulationResult:
-    """Serve `workload` on `num_replicas` replicas with `config`; returns per-request and summary metrics."""
+    """Serve `workload` on `num_replicas` replicas with `config`, each request sent to the replica `router`
+    picks (a name from ``dooly.simulator.router.ROUTERS``, seeded by `router_seed`, or a Router object);
+    returns per-request and summary metrics."""
     config = config or SchedulerConfig()
+    if num_replicas < 1:
+        raise DoolyError(f"num_replicas must be >= 1, got {num_replicas}")
+    route = make_router(router, router_seed) if isinstance(router, str) else router
     model = latency if isinstance(latency, CachedLatency) else CachedLatency(latency)
     schedulers = [ReplicaScheduler(config) for _ in range(num_replicas)]
     busy: list[ScheduledBatch | None] = [None] * num_replicas
@@ -95,12 +113,12 @@ def simulate(
         starts[rep] = now
         events.push(now + model.scheduled_latency(batch), EventKind.BATCH_END, replica=rep, payload=batch)
 
-    next_replica = 0
     while events:
         ev = events.pop()
         if ev.kind is EventKind.ARRIVAL:
-            schedulers[next_replica].add(ev.payload)
-            next_replica = (next_replica + 1) % num_replicas
+            req: Request = ev.payload
+            req.replica = route.route(req, schedulers)
+            schedulers[req.replica].add(req)
         else:
             rep = ev.replica
             batch: ScheduledBatch = ev.payload
@@ -117,4 +135,4 @@ def simulate(
                 if busy[rep] is None:
                     start_next(rep, ev.time)
     metrics = RequestMetrics.from_requests(requests)
-    return SimulationResult(requests, iterations, metrics, summarize(metrics, iterations), config)
+    return SimulationResult(requests, iterations, metrics, summarize(metrics, iterations), config, num_replicas)

@@ -1,0 +1,62 @@
+"""Global scheduling: which replica an arriving request goes to (Vidur's global schedulers).
+
+* ``round_robin``: replicas in turn, whatever their load (the default; Vidur's and this simulator's original
+  behaviour).
+* ``random``: a uniformly random replica from a seeded generator, so a run is reproducible.
+* ``least_outstanding``: the replica with the fewest requests queued or running at the arrival instant (Vidur's
+  ``lor``); ties go to the lowest replica index.
+
+A router only reads the replicas' queues; the replica schedulers stay in charge of batching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from dooly.errors import DoolyError
+from dooly.simulator.entities import Request
+from dooly.simulator.scheduler import ReplicaScheduler
+
+ROUTERS = ("round_robin", "random", "least_outstanding")
+
+
+class Router(Protocol):
+    def route(self, req: Request, replicas: Sequence[ReplicaScheduler]) -> int: ...
+
+
+class RoundRobinRouter:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, req: Request, replicas: Sequence[ReplicaScheduler]) -> int:
+        rep = self._next % len(replicas)
+        self._next = rep + 1
+        return rep
+
+
+class RandomRouter:
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def route(self, req: Request, replicas: Sequence[ReplicaScheduler]) -> int:
+        return int(self._rng.integers(len(replicas)))
+
+
+class LeastOutstandingRouter:
+    def route(self, req: Request, replicas: Sequence[ReplicaScheduler]) -> int:
+        loads = [s.outstanding for s in replicas]
+        return loads.index(min(loads))
+
+
+def make_router(name: str, seed: int = 0) -> Router:
+    """A fresh router by name (routers keep state, so each simulation needs its own)."""
+    if name == "round_robin":
+        return RoundRobinRouter()
+    if name == "random":
+        return RandomRouter(seed)
+    if name == "least_outstanding":
+        return LeastOutstandingRouter()
+    raise DoolyError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})")
