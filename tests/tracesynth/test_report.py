@@ -66,7 +66,11 @@ def test_pipeline_writes_tables_and_report(tiny_config: dict, tmp_path: Path, mo
     assert {r["regime"] for r in t["regimes"]} == {"real", "half_real", "mix_unrepaired", "synthetic_only"}
     assert {r["seed"] for r in t["regimes"]} == {0, 1}
     assert {r["train_on"] for r in t["workload_id"]} == {"real", "markov"}
-    assert all(0.0 <= r["auc"] <= 1.0 for r in t["discriminator"])
+    assert all(0.0 <= r["auc"] <= 1.0 and 0.0 <= r["auc_reference"] <= 1.0 for r in t["discriminator"])
+    # every synthetic AUC comes with its same-period real-vs-real reference, in the tables and the Markdown
+    assert {(r["workload"], r["variant"]) for r in t["discriminator"]} == {("alpha", "raw"), ("beta", "raw")}
+    assert "auc_reference" in (out / "tables" / "discriminator_summary.csv").read_text().splitlines()[0]
+    assert "auc_reference" in (out / "results.md").read_text()
     assert {r["budget"] for r in t["scarce"]} == {0.2, 1.0}
     assert (out / "tables" / "regimes_summary.csv").is_file() and "Macro-F1" in (out / "results.md").read_text()
     html = report.read_text()

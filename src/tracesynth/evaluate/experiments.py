@@ -22,7 +22,7 @@ import numpy as np
 from tracesynth.errors import TraceSynthError
 from tracesynth.evaluate import metrics
 from tracesynth.evaluate.classifier import ClassifierConfig
-from tracesynth.evaluate.tasks import discriminator_auc, next_event_scores, workload_id_scores
+from tracesynth.evaluate.tasks import next_event_scores, same_phase_discriminator, workload_id_scores
 from tracesynth.evaluate.windows import Split, Vocab, Windows, dedup, make_windows, recent, subsample
 from tracesynth.trace import Trace
 
@@ -109,7 +109,10 @@ def fit_and_sample(
         if miner is not None:
             repaired, _ = miner[1](raw, rules, seed=seed)
             repair_s = time.perf_counter() - t2
-    return Synthetic(str(spec.get("name", gen.name)), raw, repaired, t1 - t0, t2 - t1, repair_s, count_params(gen))
+    info = {"fit_events": len(fit_trace)}  # the real period the sample imitates (the discriminator's real side)
+    return Synthetic(
+        str(spec.get("name", gen.name)), raw, repaired, t1 - t0, t2 - t1, repair_s, count_params(gen), info
+    )
 
 
 # -- data for the classifier ---------------------------------------------------------------------
@@ -188,28 +191,49 @@ def discriminator_rows(
     seeds: Sequence[int],
     max_windows: int,
     tick: Callable[[], None] | None = None,
+    final_only: bool = False,
+    ref_cache: dict[tuple[int, ...], float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Real-vs-synthetic AUC per generator (raw and repaired) and a real-vs-real reference.
+    """Real-vs-synthetic AUC per generator (raw and repaired), each next to a real-vs-real reference.
 
-    Real side: the held-out test block. The reference pits it against the most recent real training
-    windows, which shows how far two real blocks of the same trace already differ.
+    Both come from the same phase: the real side is the period the generator was fitted on (the
+    training block, or its most recent `fit_events`), dealt into interleaved time blocks
+    (tasks.same_phase_discriminator), so "0.5 = indistinguishable" holds for the reference and the
+    AUC of a sample reads against it. The held-out test block is not used here. `final_only` scores
+    only the repaired sample (the raw one when there is none); `ref_cache` see same_phase_discriminator.
     """
     ctx = wd.context
-    real = make_windows(wd.split.test, wd.vocab, ctx)
-    rows = []
-    others: list[tuple[str, str, Trace]] = [("real (train block)", "reference", recent(wd.split.train, 0.25))]
-    for g, s in synth.items():
-        others.append((g, "raw", s.raw))
-        if s.repaired is not None:
-            others.append((g, "repaired", s.repaired))
     V = len(wd.vocab)
-    for seed in seeds:
-        for g, variant, tr in others:
-            other = make_windows(tr, wd.vocab, ctx)
-            r = real.take(np.arange(max(0, len(real) - max_windows), len(real)))
-            o = other.take(np.arange(min(len(other), max_windows)))
-            auc = discriminator_auc(r, o, V, cfg, seed=seed, tick=tick, gap=ctx)
-            rows.append({"workload": wd.name, "generator": g, "variant": variant, "seed": seed, "auc": auc})
+    periods: dict[int, dict[tuple[str, str], Trace]] = {}  # real period length -> samples fitted on it
+    for g, s in synth.items():
+        n = int(s.info.get("fit_events") or len(wd.split.train))
+        if not (final_only and s.repaired is not None):
+            periods.setdefault(n, {})[(g, "raw")] = s.raw
+        if s.repaired is not None:
+            periods.setdefault(n, {})[(g, "repaired")] = s.repaired
+    rows = []
+    for n_real, samples in periods.items():
+        period = wd.split.train if n_real >= len(wd.split.train) else wd.split.train.slice(len(wd.split.train) - n_real)
+        real = make_windows(period, wd.vocab, ctx)
+        others = {f"{g}\t{v}": make_windows(tr, wd.vocab, ctx) for (g, v), tr in samples.items()}
+        for seed in seeds:
+            res = same_phase_discriminator(
+                real, others, V, cfg, seed=seed, tick=tick, gap=ctx, max_windows=max_windows, ref_cache=ref_cache
+            )
+            for key in others:
+                g, variant = key.split("\t")
+                rows.append(
+                    {
+                        "workload": wd.name,
+                        "generator": g,
+                        "variant": variant,
+                        "seed": seed,
+                        "auc": res[key],
+                        "auc_reference": res["reference"],
+                        "real_events": len(period),
+                        "windows_per_class": int(res["windows_fit"] + res["windows_score"]),
+                    }
+                )
     return rows
 
 
