@@ -106,3 +106,36 @@ def test_cli_report_and_evaluate(tiny_config: dict, tmp_path: Path) -> None:
     cfg.write_text(json.dumps({"traces": ["/nonexistent.parquet"]}))
     r = runner.invoke(app, ["run", str(cfg), "-o", str(tmp_path / "o")])
     assert r.exit_code != 0 and not (tmp_path / "o").exists()
+
+
+def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_path: Path, monkeypatch) -> None:
+    torch.set_num_threads(1)
+    from tracesynth.evaluate import experiments
+
+    monkeypatch.setattr(experiments, "diffusion_available", lambda: "ImportError: absent in this test")
+    cfg = dict(tiny_config, seeds=[0], generators={"markov": {"kind": "markov", "order": 2}})
+    cfg["traces"] = cfg["traces"][:1]
+    cfg.update(
+        discriminator={"enabled": False, "max_windows": 200},
+        regimes={"enabled": False},
+        workload_id={"enabled": False},
+        scarce={"enabled": False},
+        sweep={"name": "order", "generator": "markov", "variants": {"o1": {"order": 1}, "o3": {"order": 3}}},
+    )
+    run_pipeline(cfg, tmp_path / "out")
+    t = load_results(tmp_path / "out")["tables"]
+    assert not t["generators"]  # the swept generator is fitted once per variant, not once more as the base
+    rows = t["sweep"]
+    assert {(r["workload"], r["variant"]) for r in rows} == {("alpha", v) for v in ("real", "half_real", "o1", "o3")}
+    for r in rows:
+        assert 0.0 <= r["macro_f1"] <= 1.0
+        if r["variant"] in ("o1", "o3"):
+            assert 0.0 <= r["auc"] <= 1.0 and 0.0 <= r["auc_reference"] <= 1.0 and r["fit_s"] >= 0
+    # one reference per workload and seed, shared by the variants
+    assert len({r["auc_reference"] for r in rows if r["variant"] in ("o1", "o3")}) == 1
+
+
+def test_unknown_regime_is_one_clear_error(tiny_config: dict, tmp_path: Path) -> None:
+    with pytest.raises(TraceSynthError, match="unknown regime"):
+        run_pipeline(dict(tiny_config, regimes={"only": ["real", "mixed_up"]}), tmp_path / "o")
+    assert not (tmp_path / "o").exists()

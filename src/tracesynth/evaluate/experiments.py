@@ -109,7 +109,12 @@ def fit_and_sample(
         if miner is not None:
             repaired, _ = miner[1](raw, rules, seed=seed)
             repair_s = time.perf_counter() - t2
-    info = {"fit_events": len(fit_trace)}  # the real period the sample imitates (the discriminator's real side)
+    info: dict[str, Any] = {"fit_events": len(fit_trace)}  # the real period the sample imitates
+    if isinstance(getattr(gen, "step", None), int):  # optimisation steps done (a time-limited fit stops early)
+        info["train_steps"] = gen.step
+    hist = getattr(gen, "history", None)
+    if isinstance(hist, dict) and "train_windows" in hist:
+        info["train_windows"] = hist["train_windows"]
     return Synthetic(
         str(spec.get("name", gen.name)), raw, repaired, t1 - t0, t2 - t1, repair_s, count_params(gen), info
     )

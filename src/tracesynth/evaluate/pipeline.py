@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "max_train_windows": 8000,
     "max_test_windows": 2000,
     "discriminator": {"enabled": True, "max_windows": 3000},
-    "regimes": {"enabled": True, "workloads": None},
+    "regimes": {"enabled": True, "workloads": None, "only": None},  # only: a subset of experiments.REGIMES
     "workload_id": {"enabled": True, "per_class": 2000},
     "scarce": {"enabled": True, "workloads": None, "budgets": [0.02, 0.05, 0.1, 0.25, 1.0], "multipliers": [1, 4]},
     "sweep": None,  # {"name", "generator", "variants": {label: {config overrides}}}
@@ -278,6 +278,9 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
         notes.append(msg)
         console.print(f"[yellow]note:[/] {msg}", highlight=False)
 
+    bad = sorted(set(cfg["regimes"].get("only") or []) - set(ex.REGIMES))
+    if bad:
+        raise TraceSynthError(f"unknown regime(s) {', '.join(bad)} in regimes.only (known: {', '.join(ex.REGIMES)})")
     ccfg = ClassifierConfig(**cfg["classifier"])
     seeds = [int(s) for s in cfg["seeds"]]
     ctx = int(cfg["context"])
@@ -336,6 +339,9 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
             synth[wl] = {}
             n_sample = max(ctx * 4, int(len(split.train) * float(cfg["sample_factor"])))
             for g, spec in specs.items():
+                if cfg.get("sweep") and g == cfg["sweep"]["generator"]:  # the sweep fits each of its variants
+                    progress.advance(task)
+                    continue
                 progress.update(task, description=f"fit + sample + repair: {g} on {wl}")
                 n = int(spec.get("sample_events") or n_sample)
                 try:
@@ -389,7 +395,13 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
             task = st.stage("next-event regimes", len(wls))
             for wl in wls:
                 reg_rows += ex.regime_rows(
-                    data[wl], synth[wl], ccfg, _seeds(cfg, "regimes"), int(cfg["max_train_windows"]), st.tick
+                    data[wl],
+                    synth[wl],
+                    ccfg,
+                    _seeds(cfg, "regimes"),
+                    int(cfg["max_train_windows"]),
+                    st.tick,
+                    cfg["regimes"].get("only"),
                 )
                 progress.advance(task)
             timings["regimes_s"] = time.perf_counter() - t0
@@ -512,7 +524,16 @@ def results_markdown(results: Mapping[str, Any]) -> str:
                 ex.summarise(
                     t["sweep"],
                     ["workload", "variant"],
-                    ["macro_f1", "auc", "auc_reference", "jsd_3gram", "violation_rate", "fit_s", "params"],
+                    [
+                        "macro_f1",
+                        "auc",
+                        "auc_reference",
+                        "jsd_3gram",
+                        "violation_rate_raw",
+                        "fit_s",
+                        "train_steps",
+                        "params",
+                    ],
                 )
             )
         )
@@ -530,13 +551,16 @@ def run_sweep(
     note: Any,
 ) -> list[dict[str, Any]]:
     """Fit one generator per variant (config overrides), then score fidelity, discriminator AUC and
-    next-event Macro-F1 of the 50/50 repaired mix; fit time and parameter count are the compute cost."""
+    next-event Macro-F1 of the 50/50 repaired mix; fit time and parameter count are the compute cost.
+    Rows with variant "real" / "half_real" give the same classifier's Macro-F1 on real data alone."""
     sw = cfg["sweep"]
     base = dict(cfg["generators"][sw["generator"]])
     rows = []
     task = st.stage(f"sweep {sw.get('name', '')}", len(data) * len(sw["variants"]))
     for wl, wd in data.items():
         ref_cache: dict[tuple[int, ...], float] = {}  # one real-vs-real reference per seed for all variants
+        for r in ex.regime_rows(wd, {}, ccfg, seeds, int(cfg["max_train_windows"]), st.tick, ["real", "half_real"]):
+            rows.append({"workload": wl, "variant": r["regime"], "seed": r["seed"], "macro_f1": r["macro_f1"]})
         for label, over in sw["variants"].items():
             spec = copy.deepcopy(base)
             if spec.get("kind") == "diffusion":
@@ -553,7 +577,8 @@ def run_sweep(
                 note(f"sweep {label} on {wl} failed: {exc}")
                 st.p.advance(task)
                 continue
-            fid = ex.fidelity_rows(wd, {label: s})[-1]
+            fids = ex.fidelity_rows(wd, {label: s})
+            fid, fid_raw = fids[-1], fids[1]  # [reference, raw, repaired?]
             for seed in seeds:
                 regime = "mix_repaired" if s.repaired is not None else "mix_unrepaired"
                 reg = ex.regime_rows(wd, {label: s}, ccfg, [seed], int(cfg["max_train_windows"]), st.tick, [regime])
@@ -577,9 +602,12 @@ def run_sweep(
                         "auc_reference": auc[-1]["auc_reference"],
                         "jsd_3gram": fid["jsd_3gram"],
                         "violation_rate": fid["violation_rate"],
+                        "violation_rate_raw": fid_raw["violation_rate"],
                         "fit_s": s.fit_s,
                         "sample_s": s.sample_s,
                         "params": s.params,
+                        "train_steps": s.info.get("train_steps"),
+                        "train_windows": s.info.get("train_windows"),
                     }
                 )
             st.p.advance(task)
