@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from dooly.engines import get_engine
-from dooly.predictor import Predictor, mape, method_errors, validate_model
+from dooly.predictor import Predictor, mape, method_errors, run_to_run, validate_model
 from dooly.profiler import calibrate, default_clock, make_plan, resolve_model, run_plan, savings
 from dooly.store import ProfileStore
 
@@ -92,10 +92,14 @@ def main() -> None:
                 rows = validate_model(pred, cfg, engine, threads=args.threads, repeats=args.repeats, store=store)
             results[name] = {ph: mape(rows, ph) for ph in ("prefill", "decode")}
             for r in rows:
-                print(f"  {name:16s} {r.phase:7s} {json.dumps(r.values):32s} measured {r.measured_s * 1e3:8.2f} ms  "
-                      f"predicted {r.predicted_s * 1e3:8.2f} ms  err {r.error * 100:5.1f}%", flush=True)  # fmt: skip
+                rounds = "/".join(f"{x * 1e3:.1f}" for x in r.rounds_s)
+                print(f"  {name:16s} {r.phase:7s} {json.dumps(r.values):32s} measured {r.measured_s * 1e3:8.2f} ms "
+                      f"(rounds {rounds})  predicted {r.predicted_s * 1e3:8.2f} ms  err {r.error * 100:5.1f}%",
+                      flush=True)  # fmt: skip
             print(f"VALIDATION {name}: MAPE prefill {results[name]['prefill']:.1f}%  "
-                  f"decode {results[name]['decode']:.1f}%  (method {pred.method})", flush=True)  # fmt: skip
+                  f"decode {results[name]['decode']:.1f}%  (method {pred.method}); run-to-run spread of the "
+                  f"measurements prefill {run_to_run(rows, 'prefill'):.1f}%  decode {run_to_run(rows, 'decode'):.1f}%",
+                  flush=True)  # fmt: skip
 
     if args.zoo:
         from dooly.zoo import list_models

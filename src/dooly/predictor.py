@@ -355,7 +355,7 @@ def fit_overhead(store, ctx, engine, pts, method) -> OverheadModel:  # type: ign
     rows = []
     by_model: dict[str, Predictor] = {}
     for model, phase, values, m in store.forwards(ctx):
-        if model.endswith("#holdout"):  # validation measurements never train the predictor
+        if "#holdout" in model:  # validation measurements never train the predictor
             continue
         if model not in by_model:
             cfg_json = store.get_trace("config", model, "config")
@@ -395,12 +395,20 @@ VALIDATION_SHAPES: dict[str, list[dict[str, int]]] = {
 class ValidationRow:
     phase: str
     values: dict[str, int]
-    measured_s: float
+    measured_s: float  # median over the rounds' medians
     predicted_s: float
+    rounds_s: tuple[float, ...] = ()  # each round's median, rounds taken minutes apart
 
     @property
     def error(self) -> float:
         return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def spread(self) -> float:
+        """How far this shape's rounds landed apart, relative to their mean (0 with one round)."""
+        if len(self.rounds_s) < 2:
+            return 0.0
+        return (max(self.rounds_s) - min(self.rounds_s)) / float(np.mean(self.rounds_s))
 
 
 def validate_model(
@@ -411,11 +419,16 @@ def validate_model(
     threads: int | None = None,
     repeats: int = 5,
     store: object | None = None,
+    rounds: int = 2,
 ) -> list[ValidationRow]:
     """Measure real forwards at held-out shapes and pair them with the predictor's figures.
 
-    With a ``store`` the measurements are kept (as model ``"<name>#holdout"``, which the overhead fit never
-    reads) and reused by the next call, so predictor changes can be re-scored without re-measuring.
+    Every shape is measured in ``rounds`` interleaved rounds (all shapes, then all again), so a slow drift of
+    the machine shows as each row's ``spread``: a prediction cannot be expected to agree with a measurement
+    better than two measurements of the same pass agree with each other (:func:`run_to_run`).
+    With a ``store`` the measurements are kept (as models ``"<name>#holdout"``, ``"<name>#holdout2"``, ...,
+    which the overhead fit never reads) and reused by the next call, so predictor changes can be re-scored
+    without re-measuring.
     """
     import torch
 
@@ -424,28 +437,42 @@ def validate_model(
 
     shapes = shapes or VALIDATION_SHAPES
     clock = default_clock(engine.device, threads)  # type: ignore[attr-defined]
-    key = f"{predictor.name}#holdout"
+    keys = [f"{predictor.name}#holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
     ctx = context_for(engine, threads) if store is not None else None  # type: ignore[arg-type]
-    have = {}
+    have: dict[tuple[str, str, str], object] = {}
     if store is not None:
-        have = {(ph, canonical_point(v)): m for _, ph, v, m in store.forwards(ctx, key)}  # type: ignore[attr-defined]
+        for key in keys:
+            for _, ph, v, m in store.forwards(ctx, key):  # type: ignore[attr-defined]
+                have[(key, ph, canonical_point(v))] = m
     model = None
-    rows = []
+    medians: dict[tuple[str, str], list[float]] = {}
     with fixed_threads(threads):
-        for phase, vs in shapes.items():
-            for v in vs:
-                m = have.get((phase, canonical_point(v)))
-                if m is None:
-                    if model is None:
-                        torch.manual_seed(0)
-                        model = engine.build_model(config)  # type: ignore[attr-defined]
-                    m = measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
-                    if store is not None:
-                        store.put_forward(ctx, key, phase, v, m)  # type: ignore[attr-defined]
-                rows.append(ValidationRow(phase, dict(v), m.median_s, predictor.forward_latency(phase, v)))
+        for key in keys:
+            for phase, vs in shapes.items():
+                for v in vs:
+                    m = have.get((key, phase, canonical_point(v)))
+                    if m is None:
+                        if model is None:
+                            torch.manual_seed(0)
+                            model = engine.build_model(config)  # type: ignore[attr-defined]
+                        m = measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
+                        if store is not None:
+                            store.put_forward(ctx, key, phase, v, m)  # type: ignore[attr-defined]
+                    medians.setdefault((phase, canonical_point(v)), []).append(m.median_s)  # type: ignore[attr-defined]
+    rows = []
+    for phase, vs in shapes.items():
+        for v in vs:
+            rs = tuple(medians[(phase, canonical_point(v))])
+            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predictor.forward_latency(phase, v), rs))
     return rows
 
 
 def mape(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
     sel = [r.error for r in rows if phase is None or r.phase == phase]
+    return float(np.mean(sel)) * 100 if sel else float("nan")
+
+
+def run_to_run(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
+    """Mean spread (%) between the measurement rounds of the same shapes: the machine's noise floor."""
+    sel = [r.spread for r in rows if (phase is None or r.phase == phase) and len(r.rounds_s) > 1]
     return float(np.mean(sel)) * 100 if sel else float("nan")

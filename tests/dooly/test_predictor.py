@@ -15,9 +15,12 @@ from dooly.predictor import (
     OverheadModel,
     Predictor,
     SignatureModel,
+    ValidationRow,
     choose_method,
     holdout_errors,
+    mape,
     method_errors,
+    run_to_run,
 )
 
 
@@ -131,3 +134,15 @@ def test_batch_validates() -> None:
         Batch(decode=(-1,))
     b = Batch(prefill=((5, 3),), decode=(7, 8))
     assert b.num_tokens == 7 and b.num_requests == 3 and not b.is_empty
+
+
+def test_run_to_run_spread_is_the_rounds_disagreement() -> None:
+    rows = [
+        ValidationRow("prefill", {"tokens": 8}, 1.0, 1.1, (0.9, 1.1)),
+        ValidationRow("prefill", {"tokens": 16}, 2.0, 2.0, (2.0, 2.0)),
+        ValidationRow("decode", {"kv_len": 8}, 1.0, 1.0, (1.0,)),  # one round: no spread to report
+    ]
+    assert rows[0].spread == pytest.approx(0.2)
+    assert run_to_run(rows, "prefill") == pytest.approx(10.0)
+    assert math.isnan(run_to_run(rows, "decode"))
+    assert mape(rows, "prefill") == pytest.approx(5.0)

@@ -132,11 +132,18 @@ def validate_cmd(
     device: str = _DEVICE,
     dtype: str = _DTYPE,
     method: str = typer.Option("auto", "--method", help="interp, forest or auto (lower held-out error)."),
-    repeats: int = typer.Option(5, "--repeats", help="Timed runs per held-out shape (median reported)."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed runs per held-out shape and round (median)."),
+    rounds: int = typer.Option(
+        2, "--rounds", min=1, help="Measure every shape this many times, interleaved; their spread is the noise floor."
+    ),
 ) -> None:
-    """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase."""
+    """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase.
+
+    Beside the MAPE it prints the run-to-run spread: how far two rounds of measuring the same shapes land
+    apart on this machine. A prediction cannot agree with a measurement better than that.
+    """
     from dooly.errors import DoolyError
-    from dooly.predictor import Predictor, mape, method_errors, validate_model
+    from dooly.predictor import Predictor, mape, method_errors, run_to_run, validate_model
     from dooly.profiler import context_for, resolve_model
     from dooly.store import ProfileStore
 
@@ -156,13 +163,17 @@ def validate_cmd(
     pred = Predictor.for_model(model, db, engine, threads=threads, method=method)
     own = pred.overhead.n_fit
     err.print(f"predictor: {pred.method}; overhead fitted on {own} stored forwards; measuring {name}")
-    rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats)
+    rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats, rounds=rounds)
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
-    for col in ("phase", "shape", "measured ms", "predicted ms", "error %"):
+    for col in ("phase", "shape", "measured ms", "rounds ms", "predicted ms", "error %"):
         t.add_column(col, justify="left" if col in ("phase", "shape") else "right")
     for r in rows:
         shape = " ".join(f"{k}={v}" for k, v in r.values.items())
-        t.add_row(r.phase, shape, f"{r.measured_s * 1e3:.2f}", f"{r.predicted_s * 1e3:.2f}", f"{r.error * 100:.1f}")
+        t.add_row(r.phase, shape, f"{r.measured_s * 1e3:.2f}", " / ".join(f"{x * 1e3:.1f}" for x in r.rounds_s),
+                  f"{r.predicted_s * 1e3:.2f}", f"{r.error * 100:.1f}")  # fmt: skip
     out.print(t)
     out.print(f"MAPE prefill {mape(rows, 'prefill'):.1f}%  decode {mape(rows, 'decode'):.1f}%  "
               f"all {mape(rows):.1f}%")  # fmt: skip
+    if rounds > 1:
+        out.print(f"run-to-run spread of the measurements (noise floor): prefill {run_to_run(rows, 'prefill'):.1f}%  "
+                  f"decode {run_to_run(rows, 'decode'):.1f}%  all {run_to_run(rows):.1f}%")  # fmt: skip
