@@ -58,6 +58,7 @@ def write_sweep_csv(points, path: str | Path) -> Path:
             "max_num_seqs": p.config.max_num_seqs,
             "max_num_batched_tokens": p.config.max_num_batched_tokens,
             "chunked_prefill": p.config.chunked_prefill,
+            "num_kv_blocks": p.config.num_kv_blocks,
             "meets_slo": p.meets_slo,
             "note": p.reason,
         }
@@ -228,16 +229,19 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
     if vals:
         table = []
         for r in vals:
+            noise = r.get("run_to_run_pct") or {}
             for row in r["table"]:
-                table.append({"model": r["model"], "workload": r["workload"], **row})
+                spread = noise.get(str(row["metric"]).lower(), float("nan"))
+                table.append({"model": r["model"], "workload": r["workload"], **row, "run_to_run_pct": spread})
             table.append(
                 {"model": r["model"], "workload": r["workload"], "metric": "iteration", "mape_pct": r["iteration_mape"]}
             )
-        parts.append(_table(table, {k: ".4f" for k in ("measured_p50", "simulated_p50", "measured_mean",
-                                                         "simulated_mean")} | {"mape_pct": ".1f"}))  # fmt: skip
+        fmt = {k: ".4f" for k in ("measured_p50", "simulated_p50", "measured_mean", "simulated_mean")}
+        parts.append(_table(table, fmt | {"mape_pct": ".1f", "run_to_run_pct": ".1f"}))
         parts.append("<p>Times in seconds. MAPE is per request (TTFT, TPOT) or per iteration (predictor vs the "
-                     "measured latency of the iterations that actually ran). The CPU is shared, so measured "
-                     "times carry noise from other work.</p>")  # fmt: skip
+                     "measured latency of the iterations that actually ran), against each request's median over the "
+                     "real runs; run_to_run_pct is how far those real runs land apart (the noise floor: a "
+                     "prediction cannot agree with a run better than the runs agree).</p>")  # fmt: skip
         for r in vals:
             parts.append(
                 f"<div><img src='{_cdf_plot(r, 'ttft')}'><img src='{_cdf_plot(r, 'tpot')}'>"

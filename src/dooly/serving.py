@@ -277,6 +277,39 @@ def _warm(model: torch.nn.Module, config: SchedulerConfig, max_len: int) -> None
             ex.release(r)
 
 
+def average_runs(runs: list[ServingResult]) -> ServingResult:
+    """The first run, with each request's TTFT, TPOT and end-to-end latency the median over all runs.
+
+    Runs of one workload schedule the same requests; what moves between them is the machine's speed, which
+    a single run would leave in the measurement the simulator is scored against.
+    """
+    import dataclasses
+
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    med = {k: np.median(np.stack([getattr(r.metrics, k) for r in runs]), axis=0) for k in ("ttft", "tpot", "e2e")}
+    return dataclasses.replace(first, metrics=dataclasses.replace(first.metrics, **med))
+
+
+def run_to_run(runs: list[ServingResult]) -> dict[str, float]:
+    """Per-request spread (%) of TTFT and TPOT between real runs of the same workload: the noise floor.
+
+    For each request, (max - min) / mean over the runs, averaged over requests; with two runs this is the
+    symmetric percentage difference. NaN with one run.
+    """
+    out: dict[str, float] = {}
+    for k in ("ttft", "tpot"):
+        if len(runs) < 2:
+            out[k] = float("nan")
+            continue
+        x = np.stack([getattr(r.metrics, k) for r in runs])
+        ok = np.isfinite(x).all(axis=0) & (x.mean(axis=0) > 0)
+        spread = (x.max(axis=0) - x.min(axis=0))[ok] / x.mean(axis=0)[ok]
+        out[k] = float(spread.mean() * 100) if ok.any() else float("nan")
+    return out
+
+
 @dataclass
 class Validation:
     """Simulated vs measured serving of one workload, plus the predictor's error on the measured iterations."""

@@ -110,3 +110,17 @@ def test_thread_clock_is_a_virtual_timeline(tiny_model):
     np.testing.assert_allclose(res.metrics.ttft[1], its[[i.start >= 1000 for i in its].index(True)].end - 1000.0)
     with pytest.raises(serving.DoolyError, match="unknown clock"):
         serving.serve(w, tiny_model, SchedulerConfig(), clock="sundial")
+
+
+def test_real_runs_average_and_their_spread(tiny_model):
+    w = Workload(np.array([0.0, 0.0, 5.0]), np.array([12, 20, 8]), np.array([4, 3, 5]))
+    runs = [serving.serve(w, tiny_model, SchedulerConfig(), threads=1, clock="thread") for _ in range(2)]
+    avg = serving.average_runs(runs)
+    a, b = runs[0].metrics, runs[1].metrics
+    np.testing.assert_allclose(avg.metrics.ttft, (a.ttft + b.ttft) / 2)  # median of two runs = their mean
+    assert avg.batches is runs[0].batches  # same schedule: the first run's iterations stand for all
+    spread = serving.run_to_run(runs)
+    want = np.mean(np.abs(a.ttft - b.ttft) / ((a.ttft + b.ttft) / 2)) * 100
+    assert spread["ttft"] == pytest.approx(want) and spread["tpot"] >= 0
+    assert serving.run_to_run(runs[:1])["ttft"] != serving.run_to_run(runs[:1])["ttft"]  # NaN with one run
+    assert serving.average_runs(runs[:1]) is runs[0]

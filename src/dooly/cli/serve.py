@@ -243,12 +243,18 @@ def resolve_config(model: str) -> dict:
     return cfg.get("config", cfg) if isinstance(cfg, dict) else {}
 
 
-def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype: str, clock: str) -> dict:
-    """Serve `workload` on the real engine, simulate it from the profiles, return the result payload."""
+def run_validation(
+    model: str, db: Path, workload: str, cfg, threads: int, dtype: str, clock: str, real_runs: int = 2
+) -> dict:
+    """Serve `workload` on the real engine `real_runs` times, simulate it from the profiles, return the payload.
+
+    The simulator is scored against each request's median over the real runs; the runs' own spread is
+    reported beside it (the noise floor: no prediction agrees with a run better than the runs agree).
+    """
     import numpy as np
 
     from dooly.engines.hf import HFEagerEngine
-    from dooly.serving import compare, serve
+    from dooly.serving import average_runs, compare, run_to_run, serve
     from dooly.simulator import CachedLatency, parse_workload
     from dooly.simulator import simulate as run_sim
 
@@ -256,16 +262,23 @@ def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype
     latency = CachedLatency(load_latency_model(model, db, dtype, threads))
     engine = HFEagerEngine(device="cpu", dtype=dtype)
     hf_model = engine.build_model(resolve_config(model))
+    runs = []
     with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(f"serving {len(w)} requests on {model}", total=int(w.output.sum()))
-        measured = serve(
-            w,
-            hf_model,
-            cfg,
-            threads=threads,
-            on_iteration=lambda it: bar.advance(task, it.num_decode + it.num_prefill),
-            clock=clock,
-        )
+        for k in range(real_runs):
+            task = bar.add_task(
+                f"serving {len(w)} requests on {model} (real run {k + 1}/{real_runs})", total=int(w.output.sum())
+            )
+            runs.append(
+                serve(
+                    w,
+                    hf_model,
+                    cfg,
+                    threads=threads,
+                    on_iteration=lambda it, task=task: bar.advance(task, it.num_decode + it.num_prefill),
+                    clock=clock,
+                )
+            )
+    measured = average_runs(runs)
     simulated = run_sim(w, latency, cfg)
     v = compare(measured, simulated, latency)
     pred = [latency.iteration_latency(b.to_batch()) for b in measured.batches]
@@ -278,6 +291,8 @@ def run_validation(model: str, db: Path, workload: str, cfg, threads: int, dtype
         "clock": clock,
         "table": v.rows,
         "iteration_mape": v.iteration_mape,
+        "real_runs": real_runs,
+        "run_to_run_pct": run_to_run(runs),
         "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
         "simulated": {"ttft": simulated.metrics.ttft, "tpot": simulated.metrics.tpot, "e2e": simulated.metrics.e2e},
         "iterations": {"measured": np.array([it.end - it.start for it in measured.iterations]), "predicted": pred},
@@ -294,6 +309,10 @@ def print_validation(payload: dict) -> None:
                       _ms(r["simulated_mean"]), f"{r['mape_pct']:.1f}%")  # fmt: skip
     out.print(table)
     out.print(f"iteration latency MAPE (predictor vs the iterations that ran): {payload['iteration_mape']:.1f}%")
+    noise = payload.get("run_to_run_pct")
+    if noise and payload.get("real_runs", 1) > 1:
+        out.print(f"run-to-run spread of the {payload['real_runs']} real runs (noise floor): "
+                  f"TTFT {noise['ttft']:.1f}%  TPOT {noise['tpot']:.1f}%")  # fmt: skip
 
 
 @app.command("validate-serving")
@@ -313,6 +332,9 @@ def validate_serving(
     clock: str = typer.Option(
         None, help="wall, or thread (serving thread's CPU time); default: the clock the profiles were taken with."
     ),
+    real_runs: int = typer.Option(
+        2, "--real-runs", min=1, help="Serve the workload this many times; their spread is the noise floor."
+    ),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
     from dooly.profiler import default_threads
@@ -324,7 +346,7 @@ def validate_serving(
 
         clock = default_clock("cpu", threads)
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
-    payload = run_validation(model, db, workload, cfg, threads, dtype, clock)
+    payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs)
     print_validation(payload)
     mode = "chunked" if chunked else "whole"
     path = save_result(db, f"validation-{Path(model).stem}-{mode}{max_tokens}-seqs{max_seqs}", payload)
