@@ -53,9 +53,15 @@ def make_generator(spec: Mapping[str, Any]) -> Any:
         from tracesynth.diffusion import TraceSynth, TraceSynthConfig
 
         return TraceSynth(TraceSynthConfig.from_json(dict(spec.get("config", {}))))
-    if kind == "sdv_par":
-        raise TraceSynthError("SDV PARSynthesizer is not installed in this environment")
-    raise TraceSynthError(f"unknown generator kind {kind!r} (markov or diffusion)")
+    if kind == "sdv_par":  # optional: pip install sdv
+        from tracesynth.baselines.sdv_par import PARBaseline, sdv_available
+
+        why = sdv_available()
+        if why:
+            raise TraceSynthError(f"SDV PARSynthesizer is not available ({why}); pip install sdv")
+        opts = {k: int(spec[k]) for k in ("seq_len", "max_sequences", "epochs") if k in spec}
+        return PARBaseline(**opts)
+    raise TraceSynthError(f"unknown generator kind {kind!r} (markov, diffusion or sdv_par)")
 
 
 def load_rules_miner() -> tuple[Callable[..., Any], Callable[..., Any]] | None:

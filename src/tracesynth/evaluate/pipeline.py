@@ -292,6 +292,13 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
             if why:
                 note(f"the diffusion model is absent ({why}); evaluating the Markov baseline only")
                 continue
+        if spec.get("kind") == "sdv_par":
+            from tracesynth.baselines.sdv_par import sdv_available
+
+            why = sdv_available()
+            if why:
+                note(f"SDV's PARSynthesizer is absent ({why}); pip install sdv to score it")
+                continue
         specs[name] = spec
     if not specs:
         raise TraceSynthError("no generator left to evaluate (check the config's generators)")
