@@ -17,6 +17,7 @@ from dooly.profiler import (
     GridSpec,
     TimerConfig,
     _fresh,
+    _resident_storages,
     evict_caches,
     make_plan,
     run_plan,
@@ -72,6 +73,23 @@ def test_cold_timing_evicts_and_warms_another_copy_before_each_sample(monkeypatc
 def test_evict_caches_runs() -> None:
     evict_caches()
     evict_caches()  # the buffer is allocated once
+
+
+def test_resident_storages_are_weights_and_the_cache_passed_in() -> None:
+    from dooly.engines.base import RequestShape
+
+    engine = get_engine()
+    model = engine.build_model(tiny_config("tiny"))
+    inputs = engine.prepare(model, RequestShape.decode(2, 8))
+    resident = _resident_storages(model, inputs)
+    weight = next(model.parameters())
+    assert weight.untyped_storage().data_ptr() in resident
+    assert weight.t().untyped_storage().data_ptr() in resident  # a view of a weight reads the same memory
+    cache = inputs[engine._cache_kwarg(model)]
+    past = cache.layers[0].keys
+    assert past.shape[-2] == 8 and past.untyped_storage().data_ptr() in resident
+    engine.forward(model, inputs)  # extends the cache: the concatenated keys are computed by this pass
+    assert cache.layers[0].keys.untyped_storage().data_ptr() not in resident
 
 
 def test_fresh_handles_broadcast_strides_and_copies() -> None:
