@@ -290,7 +290,7 @@ class Predictor:
                     f"{db_path}: {miss} signatures of {name} have no profile for {ctx.hardware} "
                     f"(run `dooly profile {name} --db {db_path}`)"
                 )
-            pred.overhead = fit_overhead(store, ctx, engine, pts, method)
+            pred.overhead = fit_overhead(store, ctx, engine, pts, method, own=name)
         return pred
 
     # -- prediction ---------------------------------------------------------------------------------------
@@ -349,11 +349,16 @@ def method_errors(
     return out
 
 
-def fit_overhead(store, ctx, engine, pts, method) -> OverheadModel:  # type: ignore[no-untyped-def]
-    """Fit the framework overhead from every real forward stored under ``ctx`` (any model with traces)."""
+def fit_overhead(store, ctx, engine, pts, method, own: str | None = None) -> OverheadModel:  # type: ignore[no-untyped-def]
+    """Fit the framework overhead from the real forwards stored under ``ctx``.
+
+    A model with calibration forwards of its own (``own``) is fitted on those alone: the Python cost around
+    each op differs between architectures (module layout, norms, biases). A model never run on this machine
+    gets the fit over every model in the DB.
+    """
     from dooly.profiler import model_traces, resolve_model
 
-    rows = []
+    rows, own_rows = [], []
     by_model: dict[str, Predictor] = {}
     for model, phase, values, m in store.forwards(ctx):
         if "#holdout" in model:  # validation measurements never train the predictor
@@ -366,6 +371,10 @@ def fit_overhead(store, ctx, engine, pts, method) -> OverheadModel:  # type: ign
             by_model[model] = Predictor(model, model_traces(model, cfg, engine, store), pts, method)
         p = by_model[model]
         rows.append((phase, p.ops_latency(phase, values), p.n_records[phase], values, m.median_s))
+        if own is not None and model.split("#")[0] == own:
+            own_rows.append(rows[-1])
+    if {r[0] for r in own_rows} == {"prefill", "decode"}:
+        return OverheadModel.fit(own_rows)
     return OverheadModel.fit(rows) if rows else OverheadModel()
 
 

@@ -146,3 +146,43 @@ def test_run_to_run_spread_is_the_rounds_disagreement() -> None:
     assert run_to_run(rows, "prefill") == pytest.approx(10.0)
     assert math.isnan(run_to_run(rows, "decode"))
     assert mape(rows, "prefill") == pytest.approx(5.0)
+
+
+def test_a_model_with_its_own_calibration_gets_its_own_overhead_fit(tmp_path: Path) -> None:
+    import json
+
+    from test_profile_fixtures import seed_traces
+
+    from dooly.engines import get_engine
+    from dooly.predictor import fit_overhead
+    from dooly.profiler import context_for
+    from dooly.store import Measurement, ProfileStore
+
+    db, engine = tmp_path / "p.db", get_engine()
+    pts = {}
+    laws = {"tiny-a": (1.0, 0.01), "tiny-b": (3.0, 0.05)}  # real forward = alpha * op sum + per-pass cost
+    for name, inter in (("tiny-a", 128), ("tiny-b", 96)):
+        cfg = tiny_config(name, inter)
+        for tr in seed_traces(db, cfg).values():
+            for s in tr.unique():
+                pts[s.key] = _grid_points(tuple(sorted(s.symbols())))
+    ctx = context_for(engine, 1)
+    shapes = {"prefill": [{"requests": 1, "tokens": t} for t in (8, 32, 128)],
+              "decode": [{"requests": r, "kv_len": 64} for r in (1, 4, 8)]}  # fmt: skip
+    with ProfileStore(db) as st:
+        for name, inter in (("tiny-a", 128), ("tiny-b", 96)):
+            cfg = tiny_config(name, inter)
+            st.put_trace("config", name, "config", json.dumps(cfg))
+            pred = Predictor(name, tiny_traces(cfg), pts)
+            alpha, c = laws[name]
+            for phase, vs in shapes.items():
+                for v in vs:
+                    real = alpha * pred.ops_latency(phase, v) + c
+                    st.put_forward(ctx, name, phase, v, Measurement(real, real, real, 1, real))
+        ov_a = fit_overhead(st, ctx, engine, pts, "interp", own="tiny-a")
+        ov_joint = fit_overhead(st, ctx, engine, pts, "interp")
+    pred_a = Predictor("tiny-a", tiny_traces(tiny_config("tiny-a", 128)), pts)
+    v = {"requests": 1, "tokens": 64}
+    ops, n = pred_a.ops_latency("prefill", v), pred_a.n_records["prefill"]
+    assert ov_a("prefill", ops, n, v) == pytest.approx(ops + 0.01, rel=0.02)
+    assert abs(ov_joint("prefill", ops, n, v) - (ops + 0.01)) > 0.05 * (ops + 0.01)  # the other model skews it
