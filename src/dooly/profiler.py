@@ -90,8 +90,8 @@ def evict_caches() -> None:
     """Read a buffer twice the size of the last-level cache, so the next op starts with cold caches.
 
     Inside a real forward every weight was last touched a whole pass ago and the ops in between streamed
-    other layers' weights through every cache level (and the TLB). Measured on a 1-thread CPU: a decode-sized
-    matmul runs ~1.2-1.8x slower there than in a loop over rotated copies.
+    other layers' weights through every cache level (and the TLB), so a decode-sized matmul runs markedly
+    slower there than in a loop over rotated copies of its weight.
     """
     import torch
 
