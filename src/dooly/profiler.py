@@ -87,11 +87,12 @@ _EVICT: list[Any] = []
 
 
 def evict_caches() -> None:
-    """Read a buffer twice the size of the last-level cache, so the next op starts with cold caches.
+    """Read a buffer twice the size of the last-level cache, so what runs next finds every cache cold.
 
-    Inside a real forward every weight was last touched a whole pass ago and the ops in between streamed
-    other layers' weights through every cache level (and the TLB), so a decode-sized matmul runs markedly
-    slower there than in a loop over rotated copies of its weight.
+    Used before each timed forward: copying its KV cache into place left the cache hot, while in serving it
+    was last touched a whole pass ago. (Single ops are not timed this way: bench/bench_cold_cache.py shows a
+    full eviction makes a matmul slower than it is inside the model, and a loop over rotated copies of its
+    weight about as slow as it is there.)
     """
     import torch
 
@@ -113,19 +114,16 @@ def time_calls(
     device: str = "cpu",
     cfg: TimerConfig | None = None,
     clock: str = "wall",
-    cold: bool = False,
 ) -> Measurement:
     """Time ``call(i)`` (``i`` rotates over input copies so weights are not cache-hot) and return its stats.
 
-    CPU: ``clock`` (``wall`` = perf_counter, ``thread`` = thread CPU time) around a loop of calls; with
-    ``cold`` (an op that reads weights or the KV cache) every sample is one call whose cold inputs are not in
-    any cache, as inside a forward. CUDA: CUDA events around the loop, synchronised.
+    CPU: ``clock`` (``wall`` = perf_counter, ``thread`` = thread CPU time) around a loop of calls. CUDA: CUDA
+    events around the loop, synchronised.
     """
     cfg = cfg or TimerConfig()
     now = _CLOCK[clock]
     start = now()  # cost is counted on the same clock as the samples
     cuda = device.startswith("cuda")
-    cold = cold and not cuda
     if cuda:
         import torch
 
@@ -145,7 +143,7 @@ def time_calls(
         sync()
         t_one = min(t_one, now() - t0)
         i += 1
-    inner = 1 if cold else int(min(cfg.max_inner, max(1, math.ceil(cfg.min_sample_s / max(t_one, 1e-9)))))
+    inner = int(min(cfg.max_inner, max(1, math.ceil(cfg.min_sample_s / max(t_one, 1e-9)))))
     samples: list[float] = []
     if cuda:
         import torch
@@ -161,12 +159,6 @@ def time_calls(
             ev1.synchronize()
             samples.append(ev0.elapsed_time(ev1) / 1e3 / inner)
         else:
-            if cold:
-                # untimed: evict every cache, then run the op once on another copy of its cold inputs, which
-                # warms what is hot inside a forward (code, dispatcher, allocator) but not the timed copy's data
-                evict_caches()
-                call(i)
-                i += 1
             t0 = now()
             for _ in range(inner):
                 call(i)
@@ -255,14 +247,14 @@ def model_traces(
     return out
 
 
-TIMING_METHOD = "cold3"
+TIMING_METHOD = "resident1"
 
 
 def context_for(engine: Engine, threads: int | None) -> ProfileContext:
     """The store key of everything but the signature: hardware (+ clock), engine, backend, dtype."""
     backend = getattr(engine, "attn_implementation", None) or "default"
     clock = default_clock(engine.device, threads)
-    # TIMING_METHOD: profiles taken before cold-cache timing are not mixed with newer ones
+    # TIMING_METHOD: profiles taken with an older timing method are not mixed with newer ones
     hw = f"{hardware_fingerprint(engine.device, threads)}:{TIMING_METHOD}"
     hw += ":threadclock" if clock == "thread" else ""
     return ProfileContext(hardware=hw, engine=engine.name, backend=backend, dtype=getattr(engine, "dtype", "float32"))
@@ -557,9 +549,9 @@ class JobRunner:
             values = json.loads(point)
             values_full = {"requests": req, "tokens": tok, "kv_len": kv, **values}
             try:
-                call, cold = self._materialise(sig, values_full, pool, dev)
+                call = self._materialise(sig, values_full, pool, dev)
                 with torch.no_grad():  # as the engine runs its forward
-                    m = time_calls(call, self.engine.device, self.timer, self.clock, cold=cold)
+                    m = time_calls(call, self.engine.device, self.timer, self.clock)
             except Exception as exc:  # an op that cannot run standalone is reported, not fatal
                 self.stats["failed"] += 1
                 _log_failure(sig, values, exc)
@@ -570,10 +562,8 @@ class JobRunner:
             spent += m.cost_s - share
         return spent
 
-    def _materialise(
-        self, sig: Signature, values: Mapping[str, int], pool: _Pool, dev: Any
-    ) -> tuple[Callable[[int], Any], bool]:
-        """The op as a callable of the rotation slot, and whether it reads weights or the KV cache (cold)."""
+    def _materialise(self, sig: Signature, values: Mapping[str, int], pool: _Pool, dev: Any) -> Callable[[int], Any]:
+        """The op as a callable of the rotation slot (see ``time_calls``)."""
         import torch
 
         rotated: dict[int, list[Any]] = {}
@@ -589,7 +579,8 @@ class JobRunner:
             if t is not None:
                 self.stats["from_context"] += 1
                 # weights and the cache passed in were last touched a whole pass ago in a real forward: rotate
-                # copies of them (and time with cold caches) so the op reads them cold, as it would there
+                # copies of them so the timed op reads them cold, as it would there; what the pass computes
+                # (the cache extended by this step) is read hot there, so it is not rotated
                 cold = t.untyped_storage().data_ptr() in pool.resident
             else:
                 self.stats["synthetic"] += 1
@@ -604,7 +595,7 @@ class JobRunner:
         args, kwargs = sig.build_call(values, make_tensor)
         func = _resolve_op(sig.op)
         if not rotated:
-            return (lambda _i: func(*args, **kwargs)), False
+            return lambda _i: func(*args, **kwargs)
 
         from torch.utils._pytree import tree_map
 
@@ -619,7 +610,7 @@ class JobRunner:
                 return copies[slot % len(copies)] if copies is not None else x
 
             variants.append((tree_map(swap, list(args)), tree_map(swap, dict(kwargs))))
-        return (lambda i: func(*variants[i % n][0], **variants[i % n][1])), True
+        return lambda i: func(*variants[i % n][0], **variants[i % n][1])
 
 
 def _fresh(shape: Sequence[int], stride: Sequence[int], dtype: Any, dev: Any, like: Any = None) -> Any:

@@ -58,18 +58,6 @@ def test_time_calls_stats() -> None:
     assert m.cost_s > 0
 
 
-def test_cold_timing_evicts_and_warms_another_copy_before_each_sample(monkeypatch) -> None:
-    import dooly.profiler as prof
-
-    log: list[object] = []
-    monkeypatch.setattr(prof, "evict_caches", lambda: log.append("evict"))
-    cfg = TimerConfig(warmup=1, repeats=4, min_sample_s=1.0, max_inner=64)  # would loop 64x if not cold
-    m = time_calls(lambda i: log.append(i), "cpu", cfg, cold=True)
-    assert m.repeats == 4  # one call per sample, never looped: the loop would make the inputs hot
-    # warm-up, then per sample: evict, an untimed call on one copy, the timed call on the next copy
-    assert log == [0, "evict", 1, 2, "evict", 3, 4, "evict", 5, 6, "evict", 7, 8]
-
-
 def test_evict_caches_runs() -> None:
     evict_caches()
     evict_caches()  # the buffer is allocated once
