@@ -110,10 +110,7 @@ def evict_caches() -> None:
 
 
 def time_calls(
-    call: Callable[[int], Any],
-    device: str = "cpu",
-    cfg: TimerConfig | None = None,
-    clock: str = "wall",
+    call: Callable[[int], Any], device: str = "cpu", cfg: TimerConfig | None = None, clock: str = "wall"
 ) -> Measurement:
     """Time ``call(i)`` (``i`` rotates over input copies so weights are not cache-hot) and return its stats.
 
