@@ -36,6 +36,7 @@ import pyarrow as pa
 from tracesynth.constraints.check import (
     DETECTORS,
     RULES,
+    Found,
     TraceArrays,
     detect_all,
     dt_bounds,
@@ -200,10 +201,15 @@ def _resample_ret(s: _State, idx: np.ndarray, rng: np.random.Generator) -> None:
         s.ret[idx], s.has_ret[idx] = _sample_ret_for(s.c, s.ev[idx], rng)
 
 
-def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
+def _transition_violations(s: _State) -> tuple[TraceArrays, Found, Found, np.ndarray]:
+    """The state's arrays, the global and per-thread transition findings, and their union of indices."""
     a = s.arrays()
     fg, ft = DETECTORS["transition.global"](a), DETECTORS["transition.thread"](a)
-    bad = np.union1d(fg.idx, ft.idx)
+    return a, fg, ft, np.union1d(fg.idx, ft.idx)
+
+
+def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
+    a, fg, ft, bad = _transition_violations(s)
     if not len(bad):
         return
     c = s.c
@@ -271,9 +277,7 @@ def _insert_missing(s: _State, fixes: Counter[str], rng: np.random.Generator) ->
     """Where an event may not follow its predecessor but some type x may sit between them (the
     predecessor allows x and x allows the event, globally and on the thread), insert x: the
     repair of a dropped event, which resampling cannot make without shifting everything after."""
-    a = s.arrays()
-    fg, ft = DETECTORS["transition.global"](a), DETECTORS["transition.thread"](a)
-    bad = np.union1d(fg.idx, ft.idx)
+    a, fg, ft, bad = _transition_violations(s)
     if not len(bad):
         return
     c = s.c
