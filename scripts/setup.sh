@@ -25,6 +25,17 @@ if [ -n "$missing" ]; then
     fi
 fi
 
+# `tracesynth collect` records through tracefs, which a new machine may not have mounted.
+if [ ! -d /sys/kernel/tracing/events ] && [ ! -d /sys/kernel/debug/tracing/events ]; then
+    if [ "$(id -u)" = 0 ]; then
+        mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
+            || echo "setup: could not mount tracefs at /sys/kernel/tracing; collect tests will skip" >&2
+    else
+        echo "setup: tracefs is not mounted; as root: mount -t tracefs nodev /sys/kernel/tracing" >&2
+        echo "setup: continuing; \`tracesynth collect\` and its tests need it (they skip)." >&2
+    fi
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"

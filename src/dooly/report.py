@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dooly.errors import DoolyError
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 
 
 def results_dir_for(db: str | Path) -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dooly.errors import DoolyError
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 
 MLP_OPS = (
     "emb",
@@ -156,7 +156,7 @@ def export_vidur(
     layer = layers[0] if layers else None
     cols = _model_columns(config)
     out_dir = Path(out_dir)
-    with atomic_path(out_dir, directory=True) as tmp:
+    with atomic_path(out_dir, directory=True, contents=("mlp.csv", "attention.csv")) as tmp:
         mlp_rows = []
         for t in num_tokens:
             ops = _layer_ops(traces["prefill"], lat, {"requests": 1, "tokens": t, "kv_len": 0}, layer)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.io.perf import PERF_CLOCK, perf_binary, read_perf_data
 from tracesynth.trace import Trace

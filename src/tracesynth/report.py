@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.evaluate.metrics import FIDELITY_COLUMNS
 from tracesynth.trace import Trace

@@ -12,25 +12,31 @@ from typer.testing import CliRunner
 
 from tracesynth import collect as collect_mod
 from tracesynth.cli import app
-from tracesynth.collect import add_to_dataset, collect, read_manifest
+from tracesynth.collect import TRACEFS, add_to_dataset, collect, read_manifest
 from tracesynth.errors import TraceSynthError
 from tracesynth.stats import summarize
 from tracesynth.trace import Trace
 from tracesynth.workloads import CATALOGUE, get_workload
 
 
-def _can_trace() -> bool:
+def _why_not_trace() -> str | None:
+    """Why perf cannot record tracepoints here (None when it can)."""
     if shutil.which("perf") is None:
-        return False
+        return "perf is not installed (Debian linux-perf)"
+    if not any((t / "events").is_dir() for t in TRACEFS):
+        return "tracefs is not mounted or not readable (as root: mount -t tracefs nodev /sys/kernel/tracing)"
     if os.geteuid() == 0:
-        return True
+        return None
     try:
-        return int(open("/proc/sys/kernel/perf_event_paranoid").read()) <= -1
+        if int(open("/proc/sys/kernel/perf_event_paranoid").read()) <= -1:
+            return None
     except OSError:
-        return False
+        pass
+    return "perf tracepoint access needs root or kernel.perf_event_paranoid=-1"
 
 
-needs_perf = pytest.mark.skipif(not _can_trace(), reason="perf with tracepoint access is not available here")
+_WHY = _why_not_trace()
+needs_perf = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
 
 
 def test_catalogue_covers_the_paper_workload_kinds():

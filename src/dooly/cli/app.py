@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
 from rich.console import Console
 
+from atomicio import OutputPathError
 from dooly.errors import DoolyError
 
 app = typer.Typer(
@@ -19,11 +21,17 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     """Entry point: expected failures become one line on stderr and exit status 1."""
+    # SIGTERM unwinds like Ctrl-C, so half-written outputs are removed on the way out.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
-    except DoolyError as exc:
+    except (DoolyError, OutputPathError) as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -84,7 +84,7 @@ def trace_cmd(
                 ops.add_row(str(n), str(sig), sig.key[:12])
             out.print(ops)
     if json_out is not None:
-        from tracesynth.atomic import atomic_path
+        from atomicio import atomic_path
 
         with atomic_path(json_out) as tmp:
             tmp.write_text(traces_to_json(traces))

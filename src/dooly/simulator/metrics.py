@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dooly.simulator.entities import IterationRecord, Request
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 
 PERCENTILES = (50, 90, 99)
 

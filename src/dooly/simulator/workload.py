@@ -21,7 +21,7 @@ import numpy as np
 
 from dooly.errors import DoolyError
 from dooly.simulator.entities import Request
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 
 ARRIVAL_KEYS = ("arrival_time", "arrived_at", "arrival", "timestamp")
 PROMPT_KEYS = ("prompt_tokens", "num_prefill_tokens", "input_tokens", "prompt_len")

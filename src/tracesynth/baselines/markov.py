@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 from safetensors.numpy import load_file, save_file
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
 
@@ -255,7 +255,7 @@ class MarkovChain:
         if not self._fitted:
             raise TraceSynthError("Markov chain: save() before fit()")
         directory = Path(directory)
-        with atomic_path(directory, directory=True) as tmp:
+        with atomic_path(directory, directory=True, contents=("config.json", "tables.safetensors")) as tmp:
             meta = {"kind": "markov", "order": self.order, "vocab": self.vocab, "comms": self.comms}
             (tmp / "config.json").write_text(json.dumps(meta, indent=1))
             save_file(self._arrays(), str(tmp / "tables.safetensors"))

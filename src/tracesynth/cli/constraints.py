@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
 from tracesynth.io import read_trace

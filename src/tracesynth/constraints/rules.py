@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 
 FORMAT = "tracesynth-rules"

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.channels import ChannelCodec
 from tracesynth.diffusion.config import TraceSynthConfig
 from tracesynth.diffusion.model import TraceDenoiser
@@ -265,7 +265,7 @@ class TraceSynth:
             "source": self.source,
             "optimizer": opt_meta,
         }
-        with atomic_path(directory, directory=True) as tmp:
+        with atomic_path(directory, directory=True, contents=FILES) as tmp:
             (tmp / "config.json").write_text(json.dumps(meta, indent=1))
             (tmp / "vocab.json").write_text(self.codec.dumps())
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})

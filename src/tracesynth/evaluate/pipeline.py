@@ -26,7 +26,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.evaluate import experiments as ex
 from tracesynth.evaluate.classifier import ClassifierConfig
@@ -475,7 +475,7 @@ def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
         "sweep": sweep_rows,
     }
     results.update({"tables": tables, "timings": timings, "plots": plots, "generators": list(specs)})
-    with atomic_path(out_dir, directory=True) as tmp:
+    with atomic_path(out_dir, directory=True, contents=("tables", "results.json", "results.md", "report.html")) as tmp:
         (tmp / "tables").mkdir()
         for name, rows in tables.items():
             if rows:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracesynth.atomic import atomic_path
+from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
 
@@ -341,7 +341,7 @@ def write_ctf(
     if (~cpu_valid).any():
         streams.append((None, np.flatnonzero(~cpu_valid)))
 
-    with atomic_path(directory, directory=True) as tmp:
+    with atomic_path(directory, directory=True, contents=("metadata", "channel0_*")) as tmp:
         tmp.chmod(0o755)  # mkdtemp makes it private; a trace directory is meant to be shared
         (tmp / "metadata").write_text(meta_text, encoding="utf-8")
         for stream_no, (c, rows) in enumerate(streams):

@@ -176,7 +176,7 @@ def regenerate(header: Path = UNISTD_HEADER, out: Path = TABLE_FILE, probe: bool
         "}",
         "",
     ]
-    from tracesynth.atomic import atomic_path
+    from atomicio import atomic_path
 
     with atomic_path(out) as tmp:
         tmp.write_text("\n".join(lines))
