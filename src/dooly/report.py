@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from dooly.errors import DoolyError
 from atomicio import atomic_path
+from dooly.errors import DoolyError
 
 
 def results_dir_for(db: str | Path) -> Path:

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dooly.errors import DoolyError
 from atomicio import atomic_path
+from dooly.errors import DoolyError
 
 MLP_OPS = (
     "emb",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dooly.simulator.entities import IterationRecord, Request
 from atomicio import atomic_path
+from dooly.simulator.entities import IterationRecord, Request
 
 PERCENTILES = (50, 90, 99)
 

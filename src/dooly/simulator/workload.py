@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from atomicio import atomic_path
 from dooly.errors import DoolyError
 from dooly.simulator.entities import Request
-from atomicio import atomic_path
 
 ARRIVAL_KEYS = ("arrival_time", "arrived_at", "arrival", "timestamp")
 PROMPT_KEYS = ("prompt_tokens", "num_prefill_tokens", "input_tokens", "prompt_len")

@@ -13,12 +13,6 @@ from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
 
 
-def default_dataset_dir() -> Path:
-    """data/ of the source checkout when there is one, else ./data."""
-    repo = Path(__file__).resolve().parents[3] / "data"
-    return repo if repo.is_dir() else Path("data")
-
-
 def _collect_one(
     workload: str | None,
     command: str | None,
@@ -112,7 +106,9 @@ def collect(
 
 @app.command()
 def datasets(
-    directory: Path = typer.Option(None, "--dir", help="Dataset directory (default: the repository's data/)."),
+    directory: Path = typer.Option(
+        None, "--dir", help="Dataset directory (default: $TRACESYNTH_DATA, ./data, the checkout's data/)."
+    ),
     catalogue: bool = typer.Option(False, "--catalogue", help="List the workload catalogue instead."),
     build: bool = typer.Option(False, "--build", help="Collect every catalogue workload into the directory."),
     only: list[str] = typer.Option(None, "--only", help="With --build: just these workloads."),
@@ -124,7 +120,10 @@ def datasets(
     from tracesynth.workloads import CATALOGUE, get_workload
 
     out = Console()
-    directory = directory or default_dataset_dir()
+    if directory is None:
+        from tracesynth.resources import dataset_dir, default_dataset_output
+
+        directory = default_dataset_output() if build else dataset_dir()
     if catalogue:
         table = Table("workload", "kind", "package", "duration", "what it runs", box=None, pad_edge=False)
         for w in CATALOGUE.values():

@@ -10,8 +10,9 @@ from rich.table import Table
 
 from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
+from tracesynth.resources import configs_dir
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = configs_dir()
 
 
 @app.command()

@@ -34,8 +34,6 @@ from tracesynth.evaluate.metrics import FIDELITY_COLUMNS
 from tracesynth.evaluate.windows import Vocab, split_trace
 from tracesynth.trace import Trace
 
-REPO = Path(__file__).resolve().parents[3]
-
 DEFAULTS: dict[str, Any] = {
     "name": "pipeline",
     "comment": None,  # free text (e.g. what an experiment config cut to fit its time budget)
@@ -100,8 +98,11 @@ def _resolve(p: str | Path, base: str) -> Path:
     p = Path(p)
     if p.is_absolute() or p.exists():
         return p
-    for root in (Path(base), REPO):
-        if (root / p).exists():
+    from tracesynth.resources import source_checkout
+
+    # a shipped config names the dataset as "data": found beside the config, here, or in the checkout
+    for root in (Path(base), Path.cwd(), source_checkout()):
+        if root is not None and (root / p).exists():
             return root / p
     return Path(base) / p
 
