@@ -1,0 +1,141 @@
+"""Generators side by side on real traces: masked discrete diffusion vs order-4 Markov (vs the paper's model).
+
+For each trace: the first 70% (by time) is the training block, the last 30% the held-out test
+block. Every generator fits on the training block (the neural ones for the same wall time,
+`--train-seconds`), then samples `--events` events. Printed per trace and generator:
+
+- rule_viol: share of the raw sample's events breaking a rule mined from the training block;
+- repair_edit: share of events repair changed (inserted + deleted + modified) / events;
+- jsd3: 3-gram Jensen-Shannon divergence (bits) of event types, sample vs the real test block;
+- copied128: share of 128-event windows of the sample found verbatim in the training block;
+- nxt_f1: next-event Macro-F1 on real test windows of a classifier trained on the sample alone
+  (the `real` row: trained on the training block itself);
+- fit_s / sample ev/s: training wall time and sampling throughput.
+
+    .venv/bin/python bench/bench_generators.py --workloads scimark2 sqlite fio --train-seconds 300
+    .venv/bin/python bench/bench_generators.py --quick          # 60 s per model, 2 workloads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from tracesynth.baselines.markov import MarkovChain  # noqa: E402
+from tracesynth.constraints import check_trace, mine_rules, repair_trace  # noqa: E402
+from tracesynth.evaluate.classifier import ClassifierConfig  # noqa: E402
+from tracesynth.evaluate.experiments import prepare_workload  # noqa: E402
+from tracesynth.evaluate.metrics import memorisation, ngram_jsd  # noqa: E402
+from tracesynth.evaluate.tasks import next_event_scores  # noqa: E402
+from tracesynth.evaluate.windows import Split  # noqa: E402
+from tracesynth.io import read_trace  # noqa: E402
+from tracesynth.masked import MaskedConfig, MaskedDiffusion  # noqa: E402
+from tracesynth.splits import split_by_time  # noqa: E402
+
+LTTNG = REPO.parent / "shared" / "traces" / "lttng-wget-kernel"
+
+
+def _generators(args) -> dict[str, object]:
+    gens: dict[str, object] = {
+        "markov4": MarkovChain(order=4),
+        "masked": MaskedDiffusion(
+            MaskedConfig(
+                context=args.context, d_model=args.d_model, n_layers=args.layers, steps=10**9,
+                time_limit=args.train_seconds, sample_steps=args.sample_steps, overlap=args.context // 4,
+            )
+        ),
+    }
+    if args.gaussian:
+        from tracesynth.diffusion.config import TraceSynthConfig
+        from tracesynth.diffusion.synth import TraceSynth
+
+        gens["gaussian"] = TraceSynth(TraceSynthConfig(context=args.context, steps=10**9, time_limit=args.train_seconds))
+    return gens
+
+
+def bench_trace(name: str, trace, args) -> list[dict]:
+    trace = trace.slice(args.skip, args.skip + args.max_events)
+    train, test = split_by_time(trace, (0.7, 0.3))
+    rules = mine_rules([train])
+    wd = prepare_workload(name, Split(train, train.slice(0, 0), test), context=64, max_test=4000)
+    clf = ClassifierConfig()
+    n_ev = len(wd.vocab)
+    rows = []
+    real_f1 = next_event_scores(wd.windows(train, stride=4), wd.test, n_ev, clf)["macro_f1"]
+    rows.append({"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate})
+    for gname, gen in _generators(args).items():
+        t0 = time.perf_counter()
+        gen.fit([train])
+        fit_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        raw = gen.sample(args.events, seed=0)
+        sample_s = time.perf_counter() - t0
+        repaired, rep = repair_trace(raw, rules, seed=0)
+        edits = rep.inserted + rep.deleted + rep.modified
+        mem = memorisation(raw, train, 128)
+        f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
+        steps = getattr(gen, "history", {}).get("steps") if isinstance(getattr(gen, "history", None), dict) else None
+        rows.append({
+            "trace": name, "generator": gname, "fit_s": fit_s, "steps": steps,
+            "sample_ev_s": len(raw) / max(sample_s, 1e-9),
+            "rule_viol": check_trace(raw, rules).rate, "repair_edit": edits / max(len(raw), 1),
+            "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
+        })
+        print(_fmt(rows[-1]), flush=True)
+    print(_fmt(rows[0]), flush=True)
+    return rows
+
+
+def _fmt(r: dict) -> str:
+    def f(k, spec):
+        v = r.get(k)
+        return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
+
+    return (f"{r['trace']:10s} {r['generator']:9s} viol {f('rule_viol', '.3%'):>7s} edit {f('repair_edit', '.3%'):>7s} "
+            f"jsd3 {f('jsd3', '.3f'):>5s} copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
+            f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=["scimark2", "sqlite", "fio"])
+    ap.add_argument("--lttng", action="store_true", help="also the LTTng trace in ../shared/traces")
+    ap.add_argument("--train-seconds", type=float, default=300)
+    ap.add_argument("--events", type=int, default=30000)
+    ap.add_argument("--skip", type=int, default=10000)
+    ap.add_argument("--max-events", type=int, default=100000)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--sample-steps", type=int, default=64)
+    ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+    if args.quick:
+        args.workloads, args.train_seconds, args.events = args.workloads[:2], 60, 10000
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch threads {torch.get_num_threads()}; {args.train_seconds:.0f} s training per neural model")
+    rows = []
+    traces = [(w, read_trace(REPO / "data" / f"{w}.parquet")) for w in args.workloads]
+    if args.lttng and LTTNG.exists():
+        traces.append(("lttng-wget", read_trace(LTTNG)))
+    for name, t in traces:
+        rows += bench_trace(name, t, args)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
