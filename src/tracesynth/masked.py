@@ -262,10 +262,11 @@ class MaskedDiffusion:
             cand, conf = {}, []
             for c in CHANNELS:
                 lg = logits[c].float().masked_fill(~self.seen[c], float("-inf"))
-                p = torch.softmax(lg / cfg.temperature, dim=-1)
-                draw = torch.multinomial(p.reshape(-1, p.shape[-1]), 1, generator=gen).reshape(p.shape[:2])
+                logp = torch.log_softmax(lg / cfg.temperature, dim=-1)
+                u = torch.rand(logp.shape, generator=gen).clamp_(1e-12, 1.0)
+                draw = torch.argmax(logp - torch.log(-torch.log(u)), dim=-1)  # Gumbel-max: a draw from softmax
                 cand[c] = draw
-                score = torch.gather(p, -1, draw[..., None])[..., 0]
+                score = torch.gather(logp, -1, draw[..., None])[..., 0].exp()
                 conf.append(torch.where(masked[c], score, torch.full_like(score, -1.0)))
             flat = torch.stack(conf).reshape(-1)  # [channels * b * L]
             if n_open >= left:
