@@ -122,6 +122,16 @@ class MaskedDiffusion:
         self.seen: dict[str, torch.Tensor] = {}  # per channel: which tokens occur in training (only those are drawn)
         self.history: dict[str, Any] = {}
 
+    @property
+    def n_params(self) -> int | None:
+        """Weights of the denoiser (None before fit/load)."""
+        return None if self.model is None else int(sum(p.numel() for p in self.model.parameters()))
+
+    @property
+    def fit_info(self) -> dict[str, Any]:
+        """Optimisation steps done (a time-limited fit stops early) and training windows seen."""
+        return {"train_steps": self.history.get("steps"), "train_windows": self.history.get("windows")}
+
     # -- data ---------------------------------------------------------------------------------
     @property
     def vocab(self) -> dict[str, int]:
