@@ -43,7 +43,7 @@ def tiny_config(tmp_path: Path) -> dict:
         "context": 16,
         "seeds": [0, 1],
         "repair": False,
-        "generators": {"markov": {"kind": "markov", "order": 2}, "diffusion": {"kind": "diffusion", "config": {}}},
+        "generators": {"markov": {"kind": "markov", "order": 2}},
         "classifier": {"embed": 8, "hidden": 8, "steps": 8, "batch": 16},
         "max_train_windows": 300,
         "max_test_windows": 100,
@@ -52,17 +52,13 @@ def tiny_config(tmp_path: Path) -> dict:
     }
 
 
-def test_pipeline_writes_tables_and_report(tiny_config: dict, tmp_path: Path, monkeypatch) -> None:
+def test_pipeline_writes_tables_and_report(tiny_config: dict, tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    from tracesynth.evaluate import experiments
-
-    monkeypatch.setattr(experiments, "diffusion_available", lambda: "ImportError: absent in this test")
     out = tmp_path / "out"
     report = run_pipeline(tiny_config, out)
     assert report == out / "report.html" and report.is_file()
     res = load_results(out)
     t = res["tables"]
-    assert any("diffusion model is absent" in n for n in res["notes"])
     assert {r["regime"] for r in t["regimes"]} == {"real", "half_real", "mix_unrepaired", "synthetic_only"}
     assert {r["seed"] for r in t["regimes"]} == {0, 1}
     assert {r["train_on"] for r in t["workload_id"]} == {"real", "markov"}
@@ -108,11 +104,8 @@ def test_cli_report_and_evaluate(tiny_config: dict, tmp_path: Path) -> None:
     assert r.exit_code != 0 and not (tmp_path / "o").exists()
 
 
-def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_path: Path, monkeypatch) -> None:
+def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    from tracesynth.evaluate import experiments
-
-    monkeypatch.setattr(experiments, "diffusion_available", lambda: "ImportError: absent in this test")
     cfg = dict(tiny_config, seeds=[0], generators={"markov": {"kind": "markov", "order": 2}})
     cfg["traces"] = cfg["traces"][:1]
     cfg.update(

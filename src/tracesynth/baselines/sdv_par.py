@@ -87,6 +87,14 @@ class PARBaseline:
         self._synth.fit({"trace": df})  # SDV 2: a dict of one table
         return self
 
+    @property
+    def n_params(self) -> int | None:
+        return None  # SDV does not expose its network's size
+
+    @property
+    def fit_info(self) -> dict[str, Any]:
+        return {}
+
     def _frame(self, t: Trace) -> Any:
         import pandas as pd
 
