@@ -98,11 +98,8 @@ def _diffusion(spec: Mapping[str, Any]) -> Generator:
 
 
 def _sdv_par(spec: Mapping[str, Any]) -> Generator:
-    from tracesynth.baselines.sdv_par import PARBaseline, sdv_available
+    from tracesynth.baselines.sdv_par import PARBaseline  # raises "pip install sdv" where SDV is absent
 
-    why = sdv_available()  # an optional third-party dependency, not part of tracesynth
-    if why:
-        raise TraceSynthError(f"the sdv_par generator needs SDV, which is not installed ({why}); pip install sdv")
     return PARBaseline(**{k: int(spec[k]) for k in ("seq_len", "max_sequences", "epochs") if k in spec})
 
 

@@ -207,3 +207,14 @@ def test_cli_sample_with_repair_rules(fitted: TraceSynth, tmp_path: Path) -> Non
     assert re.search(r"repair: violations \d+ -> 0", res.output), res.output
     fixed = Trace.load(tmp_path / "s.parquet")
     assert constraints.check_trace(fixed, constraints.Rules.load(tmp_path / "rules.json")).total == 0
+
+
+def test_registry_loads_the_diffusion_model(fitted: TraceSynth, tmp_path: Path) -> None:
+    from tracesynth.generator import KINDS, load_generator, saved_kind
+
+    fitted.save(tmp_path / "m")
+    assert saved_kind(tmp_path / "m") is KINDS["diffusion"]
+    back = load_generator(tmp_path / "m")
+    assert isinstance(back, TraceSynth) and back.sample(40, seed=2) == fitted.sample(40, seed=2)
+    assert back.n_params == sum(p.numel() for p in fitted.model.parameters()) > 0
+    assert back.fit_info["train_steps"] == fitted.step and back.fit_info["train_windows"] > 0

@@ -128,6 +128,25 @@ def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_pa
     assert len({r["auc_reference"] for r in rows if r["variant"] in ("o1", "o3")}) == 1
 
 
+def test_evaluate_against_an_empty_real_trace_is_one_error(tiny_config: dict, tmp_path: Path) -> None:
+    Trace.from_columns([], []).save(tmp_path / "empty.parquet")
+    real = Path(tiny_config["traces"][0])
+    r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "empty.parquet"), str(real)])
+    assert isinstance(r.exception, TraceSynthError) and "empty.parquet: the real trace has no events" in str(
+        r.exception
+    )
+    # an empty synthetic trace scores n/a rather than failing
+    r = CliRunner().invoke(app, ["evaluate", str(real), str(tmp_path / "empty.parquet")])
+    assert r.exit_code == 0 and "n/a" in r.output, r.output
+
+
+def test_unknown_generator_kind_fails_before_any_work(tiny_config: dict, tmp_path: Path) -> None:
+    cfg = dict(tiny_config, generators={"markov": {"kind": "markov"}, "g": {"kind": "gan"}})
+    with pytest.raises(TraceSynthError, match="unknown generator kind 'gan'"):
+        run_pipeline(cfg, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
 def test_unknown_regime_is_one_clear_error(tiny_config: dict, tmp_path: Path) -> None:
     with pytest.raises(TraceSynthError, match="unknown regime"):
         run_pipeline(dict(tiny_config, regimes={"only": ["real", "mixed_up"]}), tmp_path / "o")

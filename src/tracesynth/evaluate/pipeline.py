@@ -319,6 +319,7 @@ def generator_specs(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return specs
 
 
+Samples = Mapping[str, Mapping[str, ex.Synthetic]]  # workload -> generator -> its sample
 Generated = tuple[dict[str, ex.WorkloadData], dict[str, dict[str, ex.Synthetic]], list[dict[str, Any]], dict[str, Any]]
 
 
@@ -372,9 +373,7 @@ def generate(run: _Run, sources: Mapping[str, Trace], specs: Mapping[str, Mappin
     return data, synth, rows, plots
 
 
-def fidelity(
-    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Mapping[str, Mapping[str, ex.Synthetic]]
-) -> list[dict[str, Any]]:
+def fidelity(run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples) -> list[dict[str, Any]]:
     """Fidelity, violations and memorisation of every sample (and of the real test block)."""
     rows: list[dict[str, Any]] = []
     task = run.stage("fidelity + privacy metrics", len(data))
@@ -385,84 +384,91 @@ def fidelity(
 
 
 def classifier_tasks(
-    run: _Run,
-    data: Mapping[str, ex.WorkloadData],
-    synth: Mapping[str, Mapping[str, ex.Synthetic]],
-    specs: Mapping[str, Mapping[str, Any]],
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, specs: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, list[dict[str, Any]]]:
-    """The enabled classifier experiments, each a timed stage: discriminator, next-event regimes,
-    workload identification, the scarce-data curve and the sweep."""
+    """The enabled classifier experiments, each a timed stage with its rows under its own name."""
     cfg = run.cfg
     ccfg = ClassifierConfig(**cfg["classifier"])
-    max_train = int(cfg["max_train_windows"])
-    rows: dict[str, list[dict[str, Any]]] = {}
-
-    def chosen(section: str) -> list[str]:
-        return [w for w in (cfg[section]["workloads"] or list(data)) if w in data]
-
-    if cfg["discriminator"]["enabled"]:
-        with run.timed("discriminator_s"):
-            rows["discriminator"] = _per_workload(
-                run,
-                "discriminator (real vs synthetic)",
-                list(data),
-                lambda wl: ex.discriminator_rows(
-                    data[wl],
-                    synth[wl],
-                    ccfg,
-                    run.seeds("discriminator"),
-                    int(cfg["discriminator"]["max_windows"]),
-                    run.tick,
-                ),
-            )
-    if cfg["regimes"]["enabled"]:
-        with run.timed("regimes_s"):
-            rows["regimes"] = _per_workload(
-                run,
-                "next-event regimes",
-                chosen("regimes"),
-                lambda wl: ex.regime_rows(
-                    data[wl], synth[wl], ccfg, run.seeds("regimes"), max_train, run.tick, cfg["regimes"].get("only")
-                ),
-            )
-    if cfg["workload_id"]["enabled"] and len(data) >= 2:
-        with run.timed("workload_id_s"):
-            task = run.stage("workload identification", 1)
-            vocab = Vocab.from_traces([wd.split.train for wd in data.values()])
-            shared = {
-                wl: ex.prepare_workload(
-                    wl, wd.split, int(cfg["context"]), int(cfg["max_test_windows"]), vocab=vocab, rules=wd.rules
-                )
-                for wl, wd in data.items()
-            }
-            per_class = int(cfg["workload_id"]["per_class"])
-            rows["workload_id"] = ex.workload_id_rows(
-                shared, vocab, synth, ccfg, run.seeds("workload_id"), per_class, run.tick
-            )
-            run.advance(task)
-    if cfg["scarce"]["enabled"]:
-        sc = cfg["scarce"]
-        with run.timed("scarce_s"):
-            rows["scarce"] = _per_workload(
-                run,
-                "scarce-data curve",
-                chosen("scarce"),
-                lambda wl: ex.scarce_rows(
-                    data[wl],
-                    specs,
-                    sc["budgets"],
-                    sc["multipliers"],
-                    ccfg,
-                    run.seeds("scarce"),
-                    max_train,
-                    run.tick,
-                    run.note,
-                ),
-            )
-    if cfg.get("sweep"):
-        with run.timed("sweep_s"):
-            rows["sweep"] = run_sweep(run, data, ccfg)
+    stages: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "discriminator": lambda: discriminator_stage(run, data, synth, ccfg),
+        "regimes": lambda: regimes_stage(run, data, synth, ccfg),
+        "workload_id": lambda: workload_id_stage(run, data, synth, ccfg),
+        "scarce": lambda: scarce_stage(run, data, specs, ccfg),
+        "sweep": lambda: run_sweep(run, data, ccfg),
+    }
+    enabled = {
+        "discriminator": cfg["discriminator"]["enabled"],
+        "regimes": cfg["regimes"]["enabled"],
+        "workload_id": cfg["workload_id"]["enabled"] and len(data) >= 2,  # needs two workloads to tell apart
+        "scarce": cfg["scarce"]["enabled"],
+        "sweep": bool(cfg.get("sweep")),
+    }
+    rows = {}
+    for name, stage in stages.items():
+        if enabled[name]:
+            with run.timed(f"{name}_s"):
+                rows[name] = stage()
     return rows
+
+
+def _chosen(run: _Run, section: str, data: Mapping[str, ex.WorkloadData]) -> list[str]:
+    """The workloads a section names (all by default) that the run has."""
+    return [w for w in (run.cfg[section]["workloads"] or list(data)) if w in data]
+
+
+def discriminator_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, ccfg: ClassifierConfig
+) -> list[dict[str, Any]]:
+    seeds, max_windows = run.seeds("discriminator"), int(run.cfg["discriminator"]["max_windows"])
+    return _per_workload(
+        run,
+        "discriminator (real vs synthetic)",
+        list(data),
+        lambda wl: ex.discriminator_rows(data[wl], synth[wl], ccfg, seeds, max_windows, run.tick),
+    )
+
+
+def regimes_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, ccfg: ClassifierConfig
+) -> list[dict[str, Any]]:
+    seeds, max_train, only = run.seeds("regimes"), int(run.cfg["max_train_windows"]), run.cfg["regimes"].get("only")
+    return _per_workload(
+        run,
+        "next-event regimes",
+        _chosen(run, "regimes", data),
+        lambda wl: ex.regime_rows(data[wl], synth[wl], ccfg, seeds, max_train, run.tick, only),
+    )
+
+
+def workload_id_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, ccfg: ClassifierConfig
+) -> list[dict[str, Any]]:
+    """All workloads re-encoded in one shared vocabulary, then one classifier per training source."""
+    cfg = run.cfg
+    task = run.stage("workload identification", 1)
+    vocab = Vocab.from_traces([wd.split.train for wd in data.values()])
+    ctx, max_test = int(cfg["context"]), int(cfg["max_test_windows"])
+    shared = {
+        wl: ex.prepare_workload(wl, wd.split, ctx, max_test, vocab=vocab, rules=wd.rules) for wl, wd in data.items()
+    }
+    per_class = int(cfg["workload_id"]["per_class"])
+    rows = ex.workload_id_rows(shared, vocab, synth, ccfg, run.seeds("workload_id"), per_class, run.tick)
+    run.advance(task)
+    return rows
+
+
+def scarce_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], specs: Mapping[str, Mapping[str, Any]], ccfg: ClassifierConfig
+) -> list[dict[str, Any]]:
+    sc, seeds, max_train = run.cfg["scarce"], run.seeds("scarce"), int(run.cfg["max_train_windows"])
+    return _per_workload(
+        run,
+        "scarce-data curve",
+        _chosen(run, "scarce", data),
+        lambda wl: ex.scarce_rows(
+            data[wl], specs, sc["budgets"], sc["multipliers"], ccfg, seeds, max_train, run.tick, run.note
+        ),
+    )
 
 
 def _per_workload(
