@@ -258,9 +258,9 @@ class TraceSynth:
         directory = Path(directory)
         state = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         if opt is not None:
-            opt_tensors, opt_meta = optimizer_to_tensors(opt)
+            opt_tensors, opt_meta = optimizer_to_tensors(opt.state_dict())
         elif self._opt_state is not None:
-            opt_tensors, opt_meta = optimizer_to_tensors_from_state(self._opt_state)
+            opt_tensors, opt_meta = optimizer_to_tensors(self._opt_state)
         else:
             opt_tensors, opt_meta = {}, {"param_groups": []}
         meta = {
@@ -324,13 +324,6 @@ class TraceSynth:
         if opt_tensors:
             self._opt_state = optimizer_from_tensors(opt_tensors, meta.get("optimizer", {"param_groups": []}))
         return self
-
-
-def optimizer_to_tensors_from_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = {
-        f"state.{i}.{k}": torch.as_tensor(v).cpu().contiguous() for i, st in sd["state"].items() for k, v in st.items()
-    }
-    return tensors, {"param_groups": sd["param_groups"]}
 
 
 def _source_meta(traces: Sequence[Trace]) -> dict[str, Any]:
