@@ -57,9 +57,10 @@ class Generator(Protocol):
 class Kind:
     """One registered generator kind.
 
-    `build` makes an unfitted generator from a config spec; `cls` is its class (None where a kind
-    cannot be saved); a saved directory is recognised by `config.json[marker[0]] == marker[1]`;
-    `sample_options` are the keyword options its sample() takes beyond (n_events, seed).
+    `build` makes an unfitted generator from a config spec; `cls` imports and returns its class
+    (None where a kind cannot be saved, so has nothing to load); a saved directory is recognised
+    by `config.json[marker[0]] == marker[1]`; `sample_options` are the keyword options its
+    sample() takes beyond (n_events, seed).
     """
 
     name: str
