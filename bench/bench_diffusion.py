@@ -37,6 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from tracesynth import divergence  # noqa: E402
 from tracesynth.channels import ChannelCodec  # noqa: E402
 from tracesynth.diffusion import TraceSynth, TraceSynthConfig  # noqa: E402
 from tracesynth.diffusion.model import TraceDenoiser  # noqa: E402
@@ -50,16 +51,7 @@ from tracesynth.trace import Trace  # noqa: E402
 def jsd(p: Counter, q: Counter) -> float:
     """Jensen-Shannon divergence (bits) between two count tables."""
     keys = sorted(set(p) | set(q))
-    a = np.array([p.get(k, 0) for k in keys], dtype=float)
-    b = np.array([q.get(k, 0) for k in keys], dtype=float)
-    a, b = a / a.sum(), b / b.sum()
-    m = (a + b) / 2
-
-    def kl(x: np.ndarray) -> float:
-        nz = x > 0
-        return float((x[nz] * np.log2(x[nz] / m[nz])).sum())
-
-    return 0.5 * kl(a) + 0.5 * kl(b)
+    return divergence.jsd(np.array([p.get(k, 0) for k in keys]), np.array([q.get(k, 0) for k in keys]))
 
 
 def event_counts(t: Trace) -> Counter:

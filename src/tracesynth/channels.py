@@ -26,6 +26,7 @@ import numpy as np
 
 from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
+from tracesynth.vocab import remap
 
 CHANNELS_6 = ("event", "dt", "cpu", "tid", "comm", "ret")
 CHANNELS_2 = ("event", "dt")
@@ -125,7 +126,7 @@ class ChannelCodec:
         """Per-event channel values: int64 tokens, float64 dt, raw tid (-1 = null) before windowing."""
         out: Encoded = {}
         codes, vocab = trace.codes("event")
-        out["event"] = _lookup(codes, vocab, {k: i for i, k in enumerate(self.events)}, default=0)
+        out["event"] = remap(codes, vocab, {k: i for i, k in enumerate(self.events)}, default=0)
         out["dt"] = (np.log1p(_gaps(trace.ts)) - self.dt_mean) / self.dt_std
         if "cpu" in self.channels:
             cpu = trace.numeric("cpu")
@@ -137,7 +138,7 @@ class ChannelCodec:
             out["tid"] = trace.numeric("tid")
         if "comm" in self.channels:
             codes, vocab = trace.codes("comm")
-            tok = _lookup(codes, vocab, {k: i + 2 for i, k in enumerate(self.comms)}, default=1)
+            tok = remap(codes, vocab, {k: i + 2 for i, k in enumerate(self.comms)}, default=1)
             out["comm"] = np.where(codes < 0, 0, tok)
         if "ret" in self.channels:
             out["ret"] = self._ret_tokens(trace)
@@ -257,12 +258,6 @@ def _log2_bin(v: np.ndarray) -> np.ndarray:
     b = np.where((b > 0) & (np.left_shift(np.int64(1), np.clip(b, 0, 62)) > v), b - 1, b)
     b = np.where((b < 62) & (np.left_shift(np.int64(1), np.clip(b + 1, 0, 62)) <= v), b + 1, b)
     return np.clip(b, 0, N_POS_BINS - 1)
-
-
-def _lookup(codes: np.ndarray, vocab: Sequence[str], index: Mapping[str, int], default: int) -> np.ndarray:
-    """Map dictionary codes through a vocabulary, vectorised (one dict lookup per distinct value)."""
-    table = np.asarray([index.get(v, default) for v in vocab] + [default], dtype=np.int64)
-    return table[np.where(codes < 0, len(vocab), codes)]
 
 
 def _masked(values: np.ndarray, null: np.ndarray) -> Any:

@@ -1,9 +1,12 @@
-"""One self-contained HTML report (matplotlib PNGs embedded as base64) from a pipeline's results.
+"""Render a pipeline's results: one self-contained HTML report (matplotlib PNGs embedded as base64)
+and the Markdown summary tables (results.md).
 
     tracesynth report out/demo -o report.html
 
 It is written for a person deciding whether to trust a synthetic dataset: each plot comes with a
-short reading guide that says what "good" looks like.
+short reading guide that says what "good" looks like. It only formats: every number, summary and
+plot series comes computed in the results (tracesynth.evaluate), so a report re-rendered from
+results.json is the report the pipeline wrote.
 """
 
 from __future__ import annotations
@@ -21,63 +24,8 @@ import numpy as np
 
 from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
-from tracesynth.evaluate.metrics import FIDELITY_COLUMNS
-from tracesynth.trace import Trace
-
-TOP_EVENTS = 15
-HEAT_EVENTS = 12
-DT_BINS = np.arange(0.0, 10.25, 0.25)  # log10(1 + ns): 1 ns .. 10 s
-
-
-# -- plot data (computed by the pipeline while the traces are in memory) --------------------------
-def _shares(trace: Trace, names: Sequence[str]) -> list[float]:
-    counts = trace.event_counts()
-    n = max(1, len(trace))
-    return [counts.get(k, 0) / n for k in names]
-
-
-def _hist(values: np.ndarray, bins: np.ndarray) -> list[float]:
-    if not len(values):
-        return [0.0] * (len(bins) - 1)
-    h, _ = np.histogram(np.clip(values, bins[0], bins[-1] - 1e-9), bins=bins)
-    return (h / max(1, h.sum())).tolist()
-
-
-def _transitions(trace: Trace, names: Sequence[str]) -> list[list[float]]:
-    codes, voc = trace.codes("event")
-    idx = {n: i for i, n in enumerate(names)}
-    lut = np.asarray([idx.get(v, -1) for v in voc] or [-1], dtype=np.int64)
-    c = lut[codes] if len(codes) else np.zeros(0, np.int64)
-    a, b = c[:-1], c[1:]
-    ok = (a >= 0) & (b >= 0)
-    k = len(names)
-    m = np.bincount(a[ok] * k + b[ok], minlength=k * k).reshape(k, k).astype(float)
-    return (m / np.maximum(m.sum(1, keepdims=True), 1)).tolist()
-
-
-def plot_data(real: Trace, synth: Mapping[str, Trace], repaired: Mapping[str, Trace] | None = None) -> dict[str, Any]:
-    """Small, JSON-ready summaries of a real trace and each generator's sample, for the report's plots."""
-    from tracesynth.evaluate.metrics import log_dt, syscall_latencies
-
-    names = list(real.event_counts())[:TOP_EVENTS]
-    heat = names[:HEAT_EVENTS]
-    sources = {"real": real, **synth}
-    for g, t in (repaired or {}).items():
-        sources[f"{g} (repaired)"] = t
-
-    def lat(t: Trace) -> np.ndarray:
-        v = syscall_latencies(t)
-        return np.log10(1 + np.concatenate(list(v.values()))) if v else np.zeros(0)
-
-    return {
-        "events": names,
-        "shares": {k: _shares(t, names) for k, t in sources.items()},
-        "dt_bins": DT_BINS.tolist(),
-        "dt_hist": {k: _hist(log_dt(t)[1:], DT_BINS) for k, t in sources.items()},
-        "lat_hist": {k: _hist(lat(t), DT_BINS) for k, t in sources.items()},
-        "heat_events": heat,
-        "heat": {k: _transitions(t, heat) for k, t in sources.items() if "(repaired)" not in k},
-    }
+from tracesynth.jsonable import jsonable
+from tracesynth.tables import FIDELITY_COLUMNS, html_table, markdown_table, mean_std_rows
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -235,31 +183,20 @@ def _fig_violations(fid: Sequence[Mapping[str, Any]]) -> str | None:
     return _png(fig)
 
 
-def _table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> str:
-    def f(v: Any) -> str:
-        if isinstance(v, float):
-            return "n/a" if math.isnan(v) else f"{v:.4g}"
-        return html.escape("" if v is None else str(v))
-
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{f(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _ms(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], values: Sequence[str]) -> list[dict[str, Any]]:
-    out = []
-    for r in rows:
-        o = {k: r.get(k) for k in keys}
-        for v in values:
-            m, s = r.get(v), r.get(f"{v}_std") or 0.0
-            o[v] = "n/a" if m is None or (isinstance(m, float) and math.isnan(m)) else f"{m:.3f} ± {s:.3f}"
-        out.append(o)
-    return out
+def _first(rows: Sequence[Mapping[str, Any]], value: str, **match: Any) -> Any:
+    """`value` of the first row whose columns equal `match`, else None."""
+    return next((r[value] for r in rows if all(r.get(k) == v for k, v in match.items())), None)
 
 
 def _verdict(t: Mapping[str, Any], generators: Sequence[str]) -> str:
     """A few plain sentences per generator from the headline numbers."""
     items = []
+    reg = t.get("regimes_summary", [])
+    refcp = [
+        r["copied_window_share"]
+        for r in t.get("fidelity", [])
+        if r["variant"] == "reference" and r.get("copied_window_share") is not None
+    ]
     for g in generators:
         bits = []
         mine = [r for r in t.get("discriminator_summary", []) if r["generator"] == g and r["auc"] is not None]
@@ -272,41 +209,21 @@ def _verdict(t: Mapping[str, Any], generators: Sequence[str]) -> str:
                 + (f" (two real samples of the same period: {np.mean(ref):.2f})" if ref else "")
                 + (" - easy to tell apart" if auc > 0.8 else " - hard to tell apart" if auc < 0.65 else "")
             )
-        reg = t.get("regimes_summary", [])
         for wl in sorted({r["workload"] for r in reg}):
-            real = next((r["macro_f1"] for r in reg if r["workload"] == wl and r["regime"] == "real"), None)
-            half = next((r["macro_f1"] for r in reg if r["workload"] == wl and r["regime"] == "half_real"), None)
-            mix = next(
-                (
-                    r["macro_f1"]
-                    for r in reg
-                    if r["workload"] == wl and r["generator"] == g and r["regime"] in ("mix_repaired",)
-                ),
-                None,
-            )
-            mix = (
-                mix
-                if mix is not None
-                else next(
-                    (
-                        r["macro_f1"]
-                        for r in reg
-                        if r["workload"] == wl and r["generator"] == g and r["regime"] == "mix_unrepaired"
-                    ),
-                    None,
-                )
-            )
+            real = _first(reg, "macro_f1", workload=wl, regime="real")
+            half = _first(reg, "macro_f1", workload=wl, regime="half_real")
+            mix = _first(reg, "macro_f1", workload=wl, generator=g, regime="mix_repaired")
+            if mix is None:
+                mix = _first(reg, "macro_f1", workload=wl, generator=g, regime="mix_unrepaired")
             if real is not None and mix is not None and half is not None:
                 bits.append(
                     f"{wl}: half real + synthetic scores {mix:.3f} Macro-F1 vs {half:.3f} for half real alone "
                     f"and {real:.3f} for all real"
                 )
-        fid = [r for r in t.get("fidelity", []) if r["generator"] == g]
-        cp = [r["copied_window_share"] for r in fid if r.get("copied_window_share") is not None]
-        refcp = [
+        cp = [
             r["copied_window_share"]
             for r in t.get("fidelity", [])
-            if r["variant"] == "reference" and r.get("copied_window_share") is not None
+            if r["generator"] == g and r.get("copied_window_share") is not None
         ]
         if cp:
             bits.append(
@@ -324,114 +241,145 @@ margin:.6em 0}td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}th{ba
 .note{color:#a05a00}"""
 
 
-def render_html(results: Mapping[str, Any]) -> str:
-    t = results["tables"]
-    gens = results.get("generators", [])
-    name = results.get("config", {}).get("name", "pipeline")
-    out = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>tracesynth report: {html.escape(name)}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>tracesynth report: {html.escape(name)}</h1>",
-    ]
-    for n in results.get("notes", []):
-        out.append(f"<p class='note'>note: {html.escape(n)}</p>")
-    out.append("<h2>Verdict in brief</h2>" + _verdict(t, gens))
-    out.append(
-        "<div class='guide'>How to read this report: a synthetic dataset is worth using when (1) a classifier "
-        "cannot easily tell its windows from real ones (discriminator AUC near 0.5, and no worse than two real "
-        "blocks of the same trace), (2) adding it to scarce real data raises the score on held-out <i>real</i> data "
-        "(its line stands above 'real alone' in the scarce-data curve), (3) it breaks few of the rules mined "
-        "from real traces, and (4) it does not simply copy the training trace (copied-window share and longest "
-        "shared run close to what held-out real data shows).</div>"
+def _guide(text: str) -> str:
+    return f"<div class='guide'>{text}</div>"
+
+
+def _summary_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], values: Sequence[str]) -> str:
+    return html_table(mean_std_rows(rows, keys, values), [*keys, *values])
+
+
+# -- HTML sections: each takes the results and returns its HTML ("" when it has nothing to show) ----
+def _section_verdict(results: Mapping[str, Any]) -> str:
+    return (
+        "<h2>Verdict in brief</h2>"
+        + _verdict(results["tables"], results.get("generators", []))
+        + _guide(
+            "How to read this report: a synthetic dataset is worth using when (1) a classifier "
+            "cannot easily tell its windows from real ones (discriminator AUC near 0.5, and no worse than two real "
+            "blocks of the same trace), (2) adding it to scarce real data raises the score on held-out <i>real</i> "
+            "data (its line stands above 'real alone' in the scarce-data curve), (3) it breaks few of the rules "
+            "mined from real traces, and (4) it does not simply copy the training trace (copied-window share and "
+            "longest shared run close to what held-out real data shows)."
+        )
     )
-    dsum = t.get("discriminator_summary", [])
-    if dsum:
-        out.append("<h2>Discriminator two-sample test</h2>")
-        out.append(
+
+
+def _section_discriminator(results: Mapping[str, Any]) -> str:
+    dsum = results["tables"].get("discriminator_summary", [])
+    if not dsum:
+        return ""
+    keys = ["workload", "generator", "variant"]
+    return "".join(
+        [
+            "<h2>Discriminator two-sample test</h2>",
             _fig_bars(
                 dsum,
-                ["workload", "generator", "variant"],
+                keys,
                 "auc",
                 "AUC real vs synthetic, and real vs real of the same period (0.5 = same)",
                 ref=0.5,
                 ylim=(0.0, 1.0),
                 beside=("auc_reference", "real vs real reference"),
-            )
-        )
+            ),
+            _guide(
+                "Blue: a small GRU trained to tell real windows of the period the generator "
+                "learned from apart from the generator's windows. 0.5 means it cannot; 1.0 means every window is "
+                "told apart. Grey: the same classifier and budget telling two real samples of that same period "
+                "apart (interleaved small time blocks), the level a perfect generator would reach."
+            ),
+            _summary_table(dsum, keys, ["auc", "auc_reference"]),
+        ]
+    )
+
+
+def _section_regimes(results: Mapping[str, Any]) -> str:
+    rsum = results["tables"].get("regimes_summary", [])
+    if not rsum:
+        return ""
+    keys = ["workload", "regime", "generator"]
+    return "".join(
+        [
+            "<h2>Next-event prediction per training regime</h2>",
+            _fig_bars(rsum, keys, "macro_f1", "Macro-F1 on held-out real data"),
+            _guide(
+                "Same classifier, same number of training steps; only the training data "
+                "differs. Compare '50/50' bars with 'half_real' (the same real data without synthetic): "
+                "synthetic data helps only where it lifts the bar above half_real. This task saturates on little "
+                "data, so small differences here do not rank generators; the discriminator and scarce-data curve "
+                "do."
+            ),
+            _summary_table(rsum, keys, ["macro_f1", "accuracy"]),
+        ]
+    )
+
+
+def _section_scarce(results: Mapping[str, Any]) -> str:
+    ssum = results["tables"].get("scarce_summary", [])
+    if not ssum:
+        return ""
+    return "".join(
+        [
+            "<h2>Scarce-data curve</h2>",
+            *(_fig_scarce(ssum, wl) for wl in sorted({r["workload"] for r in ssum})),
+            _guide(
+                "Black: real data alone at each budget. Coloured: the same real data plus "
+                "synthetic data from a generator fitted on that budget only (x1 / x4 as many events). Synthetic "
+                "data is worth using where a coloured line stands above the black one."
+            ),
+            _summary_table(ssum, ["workload", "budget", "generator", "synthetic_x"], ["macro_f1"]),
+        ]
+    )
+
+
+def _section_workload_id(results: Mapping[str, Any]) -> str:
+    wsum = results["tables"].get("workload_id_summary", [])
+    if not wsum:
+        return ""
+    return "".join(
+        [
+            "<h2>Workload identification (train on one source, test on real)</h2>",
+            _fig_bars(wsum, ["train_on"], "macro_f1", "workload-ID Macro-F1 on real windows", ylim=(0, 1)),
+            _guide(
+                "A classifier learns which workload a window comes from using only the named "
+                "source, and is scored on real windows. Close to the 'real' bar means the synthetic traces keep "
+                "what distinguishes one workload from another."
+            ),
+            _summary_table(wsum, ["train_on"], ["macro_f1", "accuracy"]),
+        ]
+    )
+
+
+def _section_fidelity(results: Mapping[str, Any]) -> str:
+    fid = results["tables"].get("fidelity", [])
+    if not fid:
+        return ""
+    out = ["<h2>Fidelity, constraints and memorisation</h2>"]
+    v = _fig_violations(fid)
+    if v:
+        out.append(v)
         out.append(
-            "<div class='guide'>Blue: a small GRU trained to tell real windows of the period the generator "
-            "learned from apart from the generator's windows. 0.5 means it cannot; 1.0 means every window is "
-            "told apart. Grey: the same classifier and budget telling two real samples of that same period "
-            "apart (interleaved small time blocks), the level a perfect generator would reach.</div>"
-        )
-        out.append(
-            _table(
-                _ms(dsum, ["workload", "generator", "variant"], ["auc", "auc_reference"]),
-                ["workload", "generator", "variant", "auc", "auc_reference"],
-            )
-        )
-    rsum = t.get("regimes_summary", [])
-    if rsum:
-        out.append("<h2>Next-event prediction per training regime</h2>")
-        out.append(_fig_bars(rsum, ["workload", "regime", "generator"], "macro_f1", "Macro-F1 on held-out real data"))
-        out.append(
-            "<div class='guide'>Same classifier, same number of training steps; only the training data "
-            "differs. Compare '50/50' bars with 'half_real' (the same real data without synthetic): "
-            "synthetic data helps only where it lifts the bar above half_real. This task saturates on little "
-            "data, so small differences here do not rank generators; the discriminator and scarce-data curve "
-            "do.</div>"
-        )
-        out.append(
-            _table(
-                _ms(rsum, ["workload", "regime", "generator"], ["macro_f1", "accuracy"]),
-                ["workload", "regime", "generator", "macro_f1", "accuracy"],
-            )
-        )
-    ssum = t.get("scarce_summary", [])
-    if ssum:
-        out.append("<h2>Scarce-data curve</h2>")
-        for wl in sorted({r["workload"] for r in ssum}):
-            out.append(_fig_scarce(ssum, wl))
-        out.append(
-            "<div class='guide'>Black: real data alone at each budget. Coloured: the same real data plus "
-            "synthetic data from a generator fitted on that budget only (x1 / x4 as many events). Synthetic "
-            "data is worth using where a coloured line stands above the black one.</div>"
-        )
-        out.append(
-            _table(
-                _ms(ssum, ["workload", "budget", "generator", "synthetic_x"], ["macro_f1"]),
-                ["workload", "budget", "generator", "synthetic_x", "macro_f1"],
-            )
-        )
-    wsum = t.get("workload_id_summary", [])
-    if wsum:
-        out.append("<h2>Workload identification (train on one source, test on real)</h2>")
-        out.append(_fig_bars(wsum, ["train_on"], "macro_f1", "workload-ID Macro-F1 on real windows", ylim=(0, 1)))
-        out.append(
-            "<div class='guide'>A classifier learns which workload a window comes from using only the named "
-            "source, and is scored on real windows. Close to the 'real' bar means the synthetic traces keep "
-            "what distinguishes one workload from another.</div>"
-        )
-        out.append(_table(_ms(wsum, ["train_on"], ["macro_f1", "accuracy"]), ["train_on", "macro_f1", "accuracy"]))
-    fid = t.get("fidelity", [])
-    if fid:
-        out.append("<h2>Fidelity, constraints and memorisation</h2>")
-        v = _fig_violations(fid)
-        if v:
-            out.append(v)
-            out.append(
-                "<div class='guide'>Share of events that break a rule mined from the real training data "
+            _guide(
+                "Share of events that break a rule mined from the real training data "
                 "(impossible transitions, unpaired syscalls, a thread on two CPUs at once...). Repair should bring "
-                "it to (near) zero; the real held-out block shows the rules' own false-alarm level.</div>"
+                "it to (near) zero; the real held-out block shows the rules' own false-alarm level."
             )
-        out.append(_table(fid, FIDELITY_COLUMNS))
-        out.append(
-            "<div class='guide'>JSD: Jensen-Shannon divergence of event-type (1-gram) and 2/3-gram "
+        )
+    out.append(html_table(fid, FIDELITY_COLUMNS))
+    out.append(
+        _guide(
+            "JSD: Jensen-Shannon divergence of event-type (1-gram) and 2/3-gram "
             "distributions (0 = identical, 1 = disjoint). dt / latency: Wasserstein distance between "
             "log10-nanosecond distributions (1.0 = a tenfold shift). Memorisation: longest run of events "
             "shared verbatim with the training data and the share of 128-event windows copied from it; "
-            "compare with the real held-out 'reference' row, since kernel traces repeat themselves.</div>"
+            "compare with the real held-out 'reference' row, since kernel traces repeat themselves."
         )
+    )
+    return "".join(out)
+
+
+def _section_distributions(results: Mapping[str, Any]) -> str:
+    out = []
     for wl, d in results.get("plots", {}).items():
         out.append(f"<h2>Distributions: {html.escape(wl)}</h2>")
         out.append(_fig_shares(d, f"{wl}: event types (top {len(d['events'])} in real data)"))
@@ -440,38 +388,117 @@ def render_html(results: Mapping[str, Any]) -> str:
             out.append(_fig_hist(d, "lat_hist", f"{wl}: syscall latency (entry to exit)", "log10(1 + latency / ns)"))
         out.append(_fig_heat(d, f"{wl}: transition probabilities among the top {len(d['heat_events'])} events"))
         out.append(
-            "<div class='guide'>Bars and curves should overlap the real ones; in the heatmaps (row: event, "
-            "column: the event that follows) a synthetic trace should show the same bright cells as the "
-            "real one. Cells bright only in a synthetic map are transitions the real trace never made.</div>"
+            _guide(
+                "Bars and curves should overlap the real ones; in the heatmaps (row: event, "
+                "column: the event that follows) a synthetic trace should show the same bright cells as the "
+                "real one. Cells bright only in a synthetic map are transitions the real trace never made."
+            )
         )
-    gr = t.get("generators", [])
-    if gr:
-        out.append("<h2>Generator cost</h2>" + _table(gr, list(gr[0].keys())))
+    return "".join(out)
+
+
+def _section_cost(results: Mapping[str, Any]) -> str:
+    t = results["tables"]
+    out = []
+    if t.get("generators"):
+        out.append("<h2>Generator cost</h2>" + html_table(t["generators"]))
     if t.get("sweep"):
-        out.append("<h2>Sweep</h2>" + _table(t["sweep"], list(t["sweep"][0].keys())))
+        out.append("<h2>Sweep</h2>" + html_table(t["sweep"]))
     tm = results.get("timings", {})
     out.append(
         "<p>Timings (s): " + html.escape(", ".join(f"{k} {v:.0f}" for k, v in tm.items() if v is not None)) + "</p>"
     )
-    out.append("</body></html>")
+    return "".join(out)
+
+
+SECTIONS = (
+    _section_verdict,
+    _section_discriminator,
+    _section_regimes,
+    _section_scarce,
+    _section_workload_id,
+    _section_fidelity,
+    _section_distributions,
+    _section_cost,
+)
+
+
+def render_html(results: Mapping[str, Any]) -> str:
+    name = html.escape(str(results.get("config", {}).get("name", "pipeline")))
+    out = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>tracesynth report: {name}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>tracesynth report: {name}</h1>",
+        *(f"<p class='note'>note: {html.escape(n)}</p>" for n in results.get("notes", [])),
+        *(part for section in SECTIONS if (part := section(results))),
+        "</body></html>",
+    ]
     return "\n".join(out)
 
 
+# -- Markdown -------------------------------------------------------------------------------------
+SWEEP_VALUES = ("macro_f1", "auc", "auc_reference", "jsd_3gram", "violation_rate_raw", "fit_s", "train_steps", "params")
+
+
+def results_markdown(results: Mapping[str, Any]) -> str:
+    """The summary tables as Markdown (what the README's results table is cut from)."""
+    t = results["tables"]
+    parts = [f"# Results: {results['config'].get('name', 'pipeline')}\n"]
+    parts += [f"- note: {n}\n" for n in results.get("notes", [])]
+
+    def summary(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], values: Sequence[str]) -> str:
+        return markdown_table(mean_std_rows(rows, keys, values))
+
+    if t["regimes_summary"]:
+        parts.append("\n## Next-event prediction (Macro-F1 on held-out real data, mean ± std over seeds)\n\n")
+        parts.append(summary(t["regimes_summary"], ["workload", "regime", "generator"], ["macro_f1", "accuracy"]))
+    if t["discriminator_summary"]:
+        parts.append(
+            "\n## Discriminator two-sample test (AUC; 0.5 = indistinguishable from real)\n\n"
+            "`auc`: synthetic vs real windows of the period the generator learned from; `auc_reference`: real vs "
+            "real, two interleaved sets of small time blocks of that same period, same classifier and budget. "
+            "A sample is as good as real data where its `auc` reaches `auc_reference`.\n\n"
+        )
+        parts.append(
+            summary(t["discriminator_summary"], ["workload", "generator", "variant"], ["auc", "auc_reference"])
+        )
+    if t["workload_id_summary"]:
+        parts.append("\n## Workload identification (train on the named source, test on real)\n\n")
+        parts.append(summary(t["workload_id_summary"], ["train_on"], ["macro_f1", "accuracy"]))
+    if t["fidelity"]:
+        parts.append("\n## Fidelity and privacy (against the real training block; lower is closer)\n\n")
+        parts.append(markdown_table(t["fidelity"], FIDELITY_COLUMNS))
+    if t["scarce_summary"]:
+        parts.append("\n## Scarce-data curve (next-event Macro-F1)\n\n")
+        parts.append(summary(t["scarce_summary"], ["workload", "budget", "generator", "synthetic_x"], ["macro_f1"]))
+    if t["generators"]:
+        parts.append("\n## Generator cost\n\n")
+        parts.append(markdown_table(t["generators"]))
+    if t.get("sweep_summary"):
+        parts.append("\n## Sweep\n\n")
+        parts.append(
+            "`macro_f1`: next-event Macro-F1 on the held-out real block (rows `real`/`half_real`: real data alone; "
+            "variants: half real + the variant's repaired sample, 50/50); `auc` / `auc_reference`: discriminator "
+            "against the same-period real-vs-real reference; `violation_rate_raw`: before repair; `fit_s`, "
+            "`train_steps`, `params`: compute cost.\n\n"
+        )
+        parts.append(summary(t["sweep_summary"], ["workload", "variant"], SWEEP_VALUES))
+    tm = results.get("timings", {})
+    parts.append("\n## Time\n\n" + ", ".join(f"{k} {v:.0f}" for k, v in tm.items()) + "\n")
+    return "".join(parts)
+
+
+# -- files ----------------------------------------------------------------------------------------
 def write_report(results: Mapping[str, Any], path: str | Path) -> Path:
-    """Render results (as produced by tracesynth.evaluate.pipeline) into one HTML file, atomically."""
+    """Render results (as produced by tracesynth.evaluate.pipeline) into one HTML file, atomically.
+
+    The results go through their JSON form first, so this report and one re-rendered from
+    results.json are the same."""
     path = Path(path)
-    text = render_html(json.loads(json.dumps(results, default=_default)))
+    text = render_html(jsonable(results))
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return path
-
-
-def _default(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    raise TypeError(type(x))
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

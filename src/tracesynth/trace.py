@@ -16,7 +16,7 @@ JSON object under the key ``tracesynth``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -254,8 +254,3 @@ def _read_metadata(schema: pa.Schema) -> dict[str, Any]:
     except ValueError:
         return {}
     return meta if isinstance(meta, dict) else {}
-
-
-def load_traces(paths: Iterable[str | Path]) -> list[Trace]:
-    """Load several Parquet traces (each validated)."""
-    return [Trace.load(p) for p in paths]

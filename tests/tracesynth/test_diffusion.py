@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
-import sys
-import types
+import re
 from pathlib import Path
 
 import numpy as np
@@ -154,18 +154,11 @@ def test_time_limit_stops_training_early() -> None:
     assert synth.step < 10_000 and synth.history["steps"] == synth.step
 
 
-def test_repair_hook_is_called_with_the_seed(fitted: TraceSynth, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-
-    def repair_trace(trace: Trace, rules: object, seed: int = 0):
-        calls.append((rules, seed))
-        return trace.slice(0, 10), "2 fixed"
-
-    mod = types.ModuleType("tracesynth.constraints")
-    mod.repair_trace = repair_trace
-    monkeypatch.setitem(sys.modules, "tracesynth.constraints", mod)
-    out = fitted.sample(50, seed=4, repair="RULES")
-    assert len(out) == 10 and calls == [("RULES", 4)] and fitted.last_repair_report == "2 fixed"
+def test_sample_only_samples(fitted: TraceSynth) -> None:
+    # repair is its own step (tracesynth.constraints.repair_trace), not an option of sample()
+    assert "repair" not in inspect.signature(fitted.sample).parameters
+    assert not hasattr(fitted, "last_repair_report")
+    assert fitted.sample(50, seed=4) == fitted.sample(50, seed=4)
 
 
 def test_errors_name_the_model_directory(fitted: TraceSynth, tmp_path: Path) -> None:
@@ -203,7 +196,7 @@ def test_cli_fit_and_sample(tmp_path: Path) -> None:
 
 
 def test_cli_sample_with_repair_rules(fitted: TraceSynth, tmp_path: Path) -> None:
-    constraints = pytest.importorskip("tracesynth.constraints")
+    from tracesynth import constraints
     from tracesynth.cli import app
 
     constraints.mine_rules([pattern_trace()]).save(tmp_path / "rules.json")
@@ -211,5 +204,17 @@ def test_cli_sample_with_repair_rules(fitted: TraceSynth, tmp_path: Path) -> Non
     args = ["sample", str(tmp_path / "m"), "--events", "64", "-o", str(tmp_path / "s.parquet"), "--seed", "2"]
     res = CliRunner().invoke(app, args + ["--repair", str(tmp_path / "rules.json")])
     assert res.exit_code == 0, res.output
+    assert re.search(r"repair: violations \d+ -> 0", res.output), res.output
     fixed = Trace.load(tmp_path / "s.parquet")
     assert constraints.check_trace(fixed, constraints.Rules.load(tmp_path / "rules.json")).total == 0
+
+
+def test_registry_loads_the_diffusion_model(fitted: TraceSynth, tmp_path: Path) -> None:
+    from tracesynth.generator import KINDS, load_generator, saved_kind
+
+    fitted.save(tmp_path / "m")
+    assert saved_kind(tmp_path / "m") is KINDS["diffusion"]
+    back = load_generator(tmp_path / "m")
+    assert isinstance(back, TraceSynth) and back.sample(40, seed=2) == fitted.sample(40, seed=2)
+    assert back.n_params == sum(p.numel() for p in fitted.model.parameters()) > 0
+    assert back.fit_info["train_steps"] == fitted.step and back.fit_info["train_windows"] > 0

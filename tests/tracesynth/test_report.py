@@ -43,7 +43,7 @@ def tiny_config(tmp_path: Path) -> dict:
         "context": 16,
         "seeds": [0, 1],
         "repair": False,
-        "generators": {"markov": {"kind": "markov", "order": 2}, "diffusion": {"kind": "diffusion", "config": {}}},
+        "generators": {"markov": {"kind": "markov", "order": 2}},
         "classifier": {"embed": 8, "hidden": 8, "steps": 8, "batch": 16},
         "max_train_windows": 300,
         "max_test_windows": 100,
@@ -52,17 +52,13 @@ def tiny_config(tmp_path: Path) -> dict:
     }
 
 
-def test_pipeline_writes_tables_and_report(tiny_config: dict, tmp_path: Path, monkeypatch) -> None:
+def test_pipeline_writes_tables_and_report(tiny_config: dict, tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    from tracesynth.evaluate import experiments
-
-    monkeypatch.setattr(experiments, "diffusion_available", lambda: "ImportError: absent in this test")
     out = tmp_path / "out"
     report = run_pipeline(tiny_config, out)
     assert report == out / "report.html" and report.is_file()
     res = load_results(out)
     t = res["tables"]
-    assert any("diffusion model is absent" in n for n in res["notes"])
     assert {r["regime"] for r in t["regimes"]} == {"real", "half_real", "mix_unrepaired", "synthetic_only"}
     assert {r["seed"] for r in t["regimes"]} == {0, 1}
     assert {r["train_on"] for r in t["workload_id"]} == {"real", "markov"}
@@ -108,11 +104,8 @@ def test_cli_report_and_evaluate(tiny_config: dict, tmp_path: Path) -> None:
     assert r.exit_code != 0 and not (tmp_path / "o").exists()
 
 
-def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_path: Path, monkeypatch) -> None:
+def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    from tracesynth.evaluate import experiments
-
-    monkeypatch.setattr(experiments, "diffusion_available", lambda: "ImportError: absent in this test")
     cfg = dict(tiny_config, seeds=[0], generators={"markov": {"kind": "markov", "order": 2}})
     cfg["traces"] = cfg["traces"][:1]
     cfg.update(
@@ -133,6 +126,25 @@ def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_pa
             assert 0.0 <= r["auc"] <= 1.0 and 0.0 <= r["auc_reference"] <= 1.0 and r["fit_s"] >= 0
     # one reference per workload and seed, shared by the variants
     assert len({r["auc_reference"] for r in rows if r["variant"] in ("o1", "o3")}) == 1
+
+
+def test_evaluate_against_an_empty_real_trace_is_one_error(tiny_config: dict, tmp_path: Path) -> None:
+    Trace.from_columns([], []).save(tmp_path / "empty.parquet")
+    real = Path(tiny_config["traces"][0])
+    r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "empty.parquet"), str(real)])
+    assert isinstance(r.exception, TraceSynthError) and "empty.parquet: the real trace has no events" in str(
+        r.exception
+    )
+    # an empty synthetic trace scores n/a rather than failing
+    r = CliRunner().invoke(app, ["evaluate", str(real), str(tmp_path / "empty.parquet")])
+    assert r.exit_code == 0 and "n/a" in r.output, r.output
+
+
+def test_unknown_generator_kind_fails_before_any_work(tiny_config: dict, tmp_path: Path) -> None:
+    cfg = dict(tiny_config, generators={"markov": {"kind": "markov"}, "g": {"kind": "gan"}})
+    with pytest.raises(TraceSynthError, match="unknown generator kind 'gan'"):
+        run_pipeline(cfg, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
 
 
 def test_unknown_regime_is_one_clear_error(tiny_config: dict, tmp_path: Path) -> None:

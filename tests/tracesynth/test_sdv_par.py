@@ -8,7 +8,7 @@ import torch
 
 from tracesynth.baselines.sdv_par import PARBaseline, sdv_available
 from tracesynth.errors import TraceSynthError
-from tracesynth.evaluate.experiments import make_generator
+from tracesynth.generator import make_generator
 from tracesynth.trace import Trace
 
 pytestmark = pytest.mark.skipif(sdv_available() is not None, reason=f"sdv not installed ({sdv_available()})")

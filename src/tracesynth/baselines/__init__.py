@@ -1,4 +1,4 @@
-"""Baseline generators behind the same fit/sample/save/load interface as the diffusion model."""
+"""Baseline generators behind the same Generator protocol as the diffusion model (see tracesynth.generator)."""
 
 from tracesynth.baselines.markov import MarkovChain
 

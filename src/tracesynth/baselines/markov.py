@@ -26,6 +26,7 @@ from safetensors.numpy import load_file, save_file
 from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
+from tracesynth.vocab import Vocab
 
 _MAX_SAMPLES = 512  # empirical values kept per key (dt per transition, ret per type): bounds the model size
 
@@ -75,12 +76,10 @@ class MarkovChain:
         if not traces:
             raise TraceSynthError("Markov chain: nothing to fit (no events)")
         rng = np.random.default_rng(0)
-        vocab: list[str] = sorted({v for t in traces for v in t.codes("event")[1]})
-        index = {v: i for i, v in enumerate(vocab)}
-        comms: list[str] = sorted({v for t in traces for v in t.codes("comm")[1]})
-        comm_index = {v: i for i, v in enumerate(comms)}
-        self.vocab, self.comms = vocab, comms
-        V = len(vocab)
+        events = Vocab(sorted({v for t in traces for v in t.codes("event")[1]}))
+        comms = Vocab(sorted({v for t in traces for v in t.codes("comm")[1]}))
+        self.vocab, self.comms = events.values, comms.values
+        V = len(self.vocab)
         self._base = V + 1  # context digits: 0 = "before the start", 1..V = event code + 1
         if self._base**self.order >= 2**62:
             raise TraceSynthError(f"Markov order {self.order} too high for {V} event types")
@@ -90,8 +89,7 @@ class MarkovChain:
         ctx_next: list[list[np.ndarray]] = [[] for _ in range(self.order + 1)]
         tid_map: dict[int, int] = {}
         for t in traces:
-            codes, voc = t.codes("event")
-            ev = np.asarray([index[v] for v in voc], dtype=np.int64)[codes]
+            ev = events.lookup(*t.codes("event"))
             n = len(ev)
             # context of order j for position i: events i-j..i-1 as base-(V+1) digits (0 pads the start)
             padded = np.concatenate([np.zeros(self.order, dtype=np.int64), ev + 1])
@@ -119,9 +117,7 @@ class MarkovChain:
                 lut_vals = np.asarray([tid_map[int(k)] for k in lut_keys], dtype=np.int64)
                 pos = np.clip(np.searchsorted(lut_keys, tid_raw), 0, len(lut_keys) - 1)
                 tid = np.where(tid_raw >= 0, lut_vals[pos], -1)
-            ccodes, cvoc = t.codes("comm")
-            cmap = np.asarray([comm_index[v] for v in cvoc] + [-1], dtype=np.int64)
-            comm = cmap[ccodes] if len(cvoc) else np.full(n, -1, dtype=np.int64)
+            comm = comms.lookup(*t.codes("comm"))
             thread = np.stack([cpu, tid, comm], axis=1)
             thread_all.append(thread)
             same = np.concatenate([[False], np.all(thread[1:] == thread[:-1], axis=1)])
@@ -172,9 +168,18 @@ class MarkovChain:
                     d[int(ctx[a])] = (nxt[a:b], c / c[-1])
             self._samplers.append(d)
 
+    @property
+    def n_params(self) -> int | None:
+        """Transition-table entries (None before fit/load)."""
+        return int(sum(len(t[2]) for t in self._tables)) if self._fitted else None
+
+    @property
+    def fit_info(self) -> dict[str, Any]:
+        return {}
+
     # -- sampling -------------------------------------------------------------------------------
-    def sample(self, n_events: int, seed: int = 0, repair: Any = None) -> Trace:
-        """Generate n_events events; repair (constraint Rules) is applied afterwards when given."""
+    def sample(self, n_events: int, seed: int = 0) -> Trace:
+        """Generate n_events events (sampling only; repair is tracesynth.constraints.repair_trace)."""
         if not self._fitted:
             raise TraceSynthError("Markov chain: sample() before fit()/load()")
         rng = np.random.default_rng(seed)
@@ -200,12 +205,7 @@ class MarkovChain:
                 e = int(nxt[0][min(int(np.searchsorted(nxt[1], u[i], side="right")), len(nxt[0]) - 1)])
             ev[i] = e
             key = (key * base + e + 1) % mod
-        trace = self._decorate(ev, rng)
-        if repair is not None:
-            from tracesynth.constraints import repair_trace
-
-            trace, _ = repair_trace(trace, repair, seed=seed)
-        return trace
+        return self._decorate(ev, rng)
 
     def _decorate(self, ev: np.ndarray, rng: np.random.Generator) -> Trace:
         """dt, cpu/tid/comm and ret for a sampled event sequence (vectorised)."""

@@ -39,6 +39,9 @@ class PARBaseline:
     name = "sdv_par"
 
     def __init__(self, seq_len: int = 64, max_sequences: int = 200, epochs: int = 20, seed: int = 0):
+        why = sdv_available()  # an optional third-party dependency: fail at once, not after the data is cut
+        if why:
+            raise TraceSynthError(f"the sdv_par generator needs SDV, which is not installed ({why}); pip install sdv")
         if seq_len < 2 or max_sequences < 1 or epochs < 1:
             raise TraceSynthError("PAR baseline: seq_len >= 2, max_sequences >= 1 and epochs >= 1 are required")
         self.seq_len, self.max_sequences, self.epochs, self.seed = seq_len, max_sequences, epochs, seed
@@ -46,9 +49,6 @@ class PARBaseline:
         self._tids: np.ndarray = np.zeros(0, np.int64)
 
     def fit(self, traces: Sequence[Trace]) -> PARBaseline:
-        why = sdv_available()
-        if why:
-            raise TraceSynthError(f"SDV PARSynthesizer is not available ({why}); pip install sdv")
         import pandas as pd
         import torch
         from sdv.metadata import Metadata
@@ -86,6 +86,14 @@ class PARBaseline:
         self._synth = PARSynthesizer(meta, epochs=self.epochs, cuda=False, verbose=False)
         self._synth.fit({"trace": df})  # SDV 2: a dict of one table
         return self
+
+    @property
+    def n_params(self) -> int | None:
+        return None  # SDV does not expose its network's size
+
+    @property
+    def fit_info(self) -> dict[str, Any]:
+        return {}
 
     def _frame(self, t: Trace) -> Any:
         import pandas as pd

@@ -24,21 +24,22 @@ def evaluate(
 ) -> None:
     """Fidelity and privacy metrics of a synthetic trace against a real one (JSD, dt/latency distances,
     violation rate, memorisation)."""
+    from tracesynth.constraints import Rules
     from tracesynth.evaluate import metrics
     from tracesynth.io import read_trace
+    from tracesynth.tables import cell
 
-    r, s = read_trace(real), read_trace(synthetic)
+    r = read_trace(real)
+    if not len(r):
+        raise TraceSynthError("the real trace has no events: nothing to score a synthetic trace against", real)
+    s = read_trace(synthetic)
     rows = metrics.fidelity(r, s)
     if rules is not None:
-        try:
-            from tracesynth.constraints import Rules
-        except ImportError:
-            raise TraceSynthError("--rules needs tracesynth.constraints, which is not installed") from None
         rows["violation_rate"] = metrics.violation_rate(s, Rules.load(rules))
     rows.update(metrics.memorisation(s, r, window))
     table = Table("metric", "value", box=None, pad_edge=False)
     for k, v in rows.items():
-        table.add_row(k, "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
+        table.add_row(k, cell(v))
     Console().print(table)
 
 

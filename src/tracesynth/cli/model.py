@@ -1,4 +1,8 @@
-"""`tracesynth fit` and `tracesynth sample`: train the diffusion generator, sample synthetic traces."""
+"""`tracesynth fit` and `tracesynth sample`: train a generator, sample synthetic traces, repair them.
+
+Generators are built and loaded through tracesynth.generator's registry, so `sample` reads any saved
+kind; repair is its own step after sampling (tracesynth.constraints.repair_trace).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,15 @@ import typer
 
 from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
+from tracesynth.generator import get_kind, make_generator, saved_kind
 
 
 @app.command()
 def fit(
     data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
+    kind: str = typer.Option("diffusion", "--kind", help="Generator: diffusion, or the markov baseline."),
+    order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
     context: int = typer.Option(1024, "--context", help="Events per window (L)."),
     channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
     steps: int = typer.Option(1000, "--steps", help="Training steps (in total, counting resumed ones)."),
@@ -32,10 +39,23 @@ def fit(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
 ) -> None:
-    """Train the diffusion generator on real traces (run under `torchrun` for several processes)."""
+    """Train a generator on real traces (the diffusion model: run under `torchrun` for several processes)."""
+    from tracesynth.io import read_trace
+
+    gen_kind = get_kind(kind)
+    if gen_kind.name != "diffusion":
+        if gen_kind.cls is None:
+            raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
+        if resume:
+            raise TraceSynthError("--resume continues a diffusion model's training; a Markov chain fits in one pass")
+        traces = [read_trace(p) for p in data]
+        gen = make_generator({"kind": kind, "order": order}).fit(traces)
+        gen.save(output)
+        n = sum(len(t) for t in traces)
+        console.print(f"{output}: {gen.name} fitted on {n:,} events, {gen.n_params:,} table entries")
+        return
     from tracesynth.diffusion import TraceSynth, TraceSynthConfig
     from tracesynth.diffusion.synth import is_main_process
-    from tracesynth.io import read_trace
 
     _set_threads(threads)
     traces = [read_trace(p) for p in data]
@@ -89,29 +109,27 @@ def sample(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
 ) -> None:
-    """Generate a synthetic trace from a trained model."""
-    from tracesynth.diffusion import TraceSynth
+    """Generate a synthetic trace from a saved generator (any kind), optionally repaired."""
+    from tracesynth.constraints import Rules, repair_trace
 
+    rules = Rules.load(repair) if repair is not None else None  # a bad rules file fails before sampling
+    gen_kind = saved_kind(model)
+    given = {"sampler": sampler, "sampling_steps": sampling_steps, "device": device}
+    opts = {k: v for k, v in given.items() if v is not None}
+    unknown = [f"--{k.replace('_', '-')}" for k in opts if k not in gen_kind.sample_options]
+    if unknown:
+        raise TraceSynthError(f"{', '.join(unknown)} does not apply to a {gen_kind.name} model", model)
+    if "progress" in gen_kind.sample_options:
+        opts["progress"] = True
     _set_threads(threads)
-    synth = TraceSynth.load(model)
-    rules = None
-    if repair is not None:
-        try:
-            from tracesynth.constraints import Rules
-        except ImportError as exc:
-            raise TraceSynthError(f"constraint repair is unavailable ({exc})", repair) from None
-        rules = Rules.load(repair)
-    trace = synth.sample(
-        events, seed=seed, repair=rules, sampler=sampler, sampling_steps=sampling_steps, progress=True, device=device
-    )
+    trace = gen_kind.load(model).sample(events, seed=seed, **opts)
+    msg = ""
+    if rules is not None:
+        trace, rep = repair_trace(trace, rules, seed=seed)
+        msg = f"; repair: violations {rep.violations_before} -> {rep.violations_after}"
     trace.save(output)
     span = trace.duration_ns / 1e9
-    msg = f"{model} -> {output}: {len(trace):,} events, {trace.n_event_types} event types, {span:.3f} s"
-    rep = synth.last_repair_report
-    if rep is not None:
-        before, after = getattr(rep, "violations_before", "?"), getattr(rep, "violations_after", "?")
-        msg += f"; repair: violations {before} -> {after}"
-    console.print(msg)
+    console.print(f"{model} -> {output}: {len(trace):,} events, {trace.n_event_types} event types, {span:.3f} s{msg}")
 
 
 def _set_threads(n: int) -> None:

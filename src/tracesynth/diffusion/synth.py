@@ -26,7 +26,9 @@ from tracesynth.diffusion.train import (
     train,
     world,
 )
+from tracesynth.divergence import jsd
 from tracesynth.errors import TraceSynthError
+from tracesynth.jsonable import jsonable
 from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
 
@@ -52,7 +54,6 @@ class TraceSynth:
         self.history: dict[str, Any] = {}
         self.source: dict[str, Any] = {}
         self._opt_state: dict[str, Any] | None = None
-        self.last_repair_report: Any = None
 
     # -- data ---------------------------------------------------------------------------------
     def windows(self, traces: Sequence[Trace]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -136,12 +137,24 @@ class TraceSynth:
                 self._save(checkpoint_dir, None)  # the final model with its calibrated temperature
         return self
 
+    @property
+    def n_params(self) -> int | None:
+        """Weights of the denoiser (None before fit/load)."""
+        return None if self.model is None else int(sum(p.numel() for p in self.model.parameters()))
+
+    @property
+    def fit_info(self) -> dict[str, Any]:
+        """Optimisation steps done (a time-limited fit stops early) and training windows seen."""
+        info: dict[str, Any] = {"train_steps": self.step}
+        if "train_windows" in self.history:
+            info["train_windows"] = self.history["train_windows"]
+        return info
+
     @torch.no_grad()
     def sample(
         self,
         n_events: int,
         seed: int = 0,
-        repair: Any = None,
         sampler: str | None = None,
         sampling_steps: int | None = None,
         progress: bool = False,
@@ -149,9 +162,8 @@ class TraceSynth:
     ) -> Trace:
         """Generate n_events events (whole windows, concatenated with time running on, then cut).
 
-        The same seed gives the same trace. With `repair` (a tracesynth.constraints.Rules), the
-        result goes through tracesynth.constraints.repair_trace; its report is kept in
-        `last_repair_report`.
+        The same seed gives the same trace. Sampling only: constraint repair is its own step
+        (tracesynth.constraints.repair_trace).
         """
         if self.model is None or self.codec is None:
             raise TraceSynthError("the model is not fitted (call fit() or TraceSynth.load())")
@@ -175,12 +187,7 @@ class TraceSynth:
             **{k: v for k, v in self.source.items() if k in ("workload",)},
         }
         trace = self.codec.decode(windows, metadata=meta).slice(0, n_events)
-        trace = Trace(trace.table, trace.metadata)
-        if repair is not None:
-            from tracesynth.constraints import repair_trace  # written beside this module; import lazily
-
-            trace, self.last_repair_report = repair_trace(trace, repair, seed=seed)
-        return trace
+        return Trace(trace.table, trace.metadata)
 
     @torch.no_grad()
     def _sample_windows(
@@ -235,7 +242,8 @@ class TraceSynth:
         for tau in CALIBRATION_TEMPERATURES:
             w = self._sample_windows(windows, seed, smp, dev, temperature=tau)
             fake = _token_stats(w["event"], V)
-            scores[tau] = _jsd(fake[0], real[0]) + _jsd(fake[1], real[1])
+            # nansum: windows of one event have no bigrams, and then only the event shares count
+            scores[tau] = float(np.nansum([jsd(fake[0], real[0]), jsd(fake[1], real[1])]))
         self.config.clamp_temperature = min(scores, key=lambda k: scores[k])
         return scores
 
@@ -250,9 +258,9 @@ class TraceSynth:
         directory = Path(directory)
         state = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         if opt is not None:
-            opt_tensors, opt_meta = optimizer_to_tensors(opt)
+            opt_tensors, opt_meta = optimizer_to_tensors(opt.state_dict())
         elif self._opt_state is not None:
-            opt_tensors, opt_meta = optimizer_to_tensors_from_state(self._opt_state)
+            opt_tensors, opt_meta = optimizer_to_tensors(self._opt_state)
         else:
             opt_tensors, opt_meta = {}, {"param_groups": []}
         meta = {
@@ -261,7 +269,7 @@ class TraceSynth:
             "config": self.config.to_json(),
             "step": self.step,
             "vocab_sizes": self.codec.vocab_sizes,
-            "history": _jsonable(self.history),
+            "history": jsonable(self.history),
             "source": self.source,
             "optimizer": opt_meta,
         }
@@ -318,25 +326,9 @@ class TraceSynth:
         return self
 
 
-def optimizer_to_tensors_from_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = {
-        f"state.{i}.{k}": torch.as_tensor(v).cpu().contiguous() for i, st in sd["state"].items() for k, v in st.items()
-    }
-    return tensors, {"param_groups": sd["param_groups"]}
-
-
 def _source_meta(traces: Sequence[Trace]) -> dict[str, Any]:
     workloads = sorted({str(t.metadata["workload"]) for t in traces if t.metadata.get("workload")})
     return {"traces": len(traces), "events": int(sum(len(t) for t in traces)), "workload": ",".join(workloads) or None}
-
-
-def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            v = None
-        out[k] = v
-    return out
 
 
 def is_main_process() -> bool:
@@ -348,11 +340,3 @@ def _token_stats(tokens: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray
     uni = np.bincount(tokens.reshape(-1), minlength=vocab).astype(float)
     pairs = (tokens[:, :-1] * vocab + tokens[:, 1:]).reshape(-1)
     return uni, np.bincount(pairs, minlength=vocab * vocab).astype(float)
-
-
-def _jsd(p: np.ndarray, q: np.ndarray) -> float:
-    """Jensen-Shannon divergence in bits between two count vectors."""
-    p, q = p / max(p.sum(), 1e-12), q / max(q.sum(), 1e-12)
-    m = (p + q) / 2
-    kl = lambda a: float((a[a > 0] * np.log2(a[a > 0] / m[a > 0])).sum())  # noqa: E731
-    return 0.5 * kl(p) + 0.5 * kl(q)

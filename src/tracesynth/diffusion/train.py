@@ -225,9 +225,9 @@ def _agree_to_stop(mine: bool, distributed: bool, device: torch.device) -> bool:
 
 
 # -- optimizer state without pickle -----------------------------------------------------------
-def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split an optimizer state dict into named tensors (safetensors) and JSON-able groups."""
-    sd = opt.state_dict()
+def optimizer_to_tensors(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer state dict (a live optimizer's or a loaded one) into named tensors
+    (safetensors) and JSON-able groups."""
     tensors = {}
     for idx, st in sd["state"].items():
         for k, v in st.items():

@@ -4,7 +4,7 @@ Each function takes prepared real data (a time split per workload) and generator
 returns flat rows (one dict per measurement) that the pipeline writes to CSV / Markdown. Only the
 data differs between regimes: same classifier, same optimisation-step budget, several seeds.
 
-Generator specs are small dicts (from the JSON config):
+Generator specs are small dicts (from the JSON config), built by tracesynth.generator.make_generator:
     {"kind": "markov", "order": 4}
     {"kind": "diffusion", "config": {...TraceSynthConfig fields...}}
 """
@@ -19,60 +19,19 @@ from typing import Any
 
 import numpy as np
 
+from tracesynth.constraints import repair_trace
 from tracesynth.errors import TraceSynthError
 from tracesynth.evaluate import metrics
 from tracesynth.evaluate.classifier import ClassifierConfig
 from tracesynth.evaluate.tasks import next_event_scores, same_phase_discriminator, workload_id_scores
 from tracesynth.evaluate.windows import Split, Vocab, Windows, dedup, make_windows, recent, subsample
+from tracesynth.generator import make_generator
 from tracesynth.trace import Trace
 
 REGIMES = ("real", "half_real", "mix_unrepaired", "mix_repaired", "synthetic_only")
 
 
 # -- generators ----------------------------------------------------------------------------------
-def diffusion_available() -> str | None:
-    """None when the diffusion model imports, else why not (one line)."""
-    try:
-        from tracesynth.diffusion import TraceSynth, TraceSynthConfig  # noqa: F401
-    except Exception as exc:  # any import failure means "absent" for the harness
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def make_generator(spec: Mapping[str, Any]) -> Any:
-    """A fresh (unfitted) generator from a spec; TraceSynthError if its kind is unknown or absent."""
-    kind = spec.get("kind")
-    if kind == "markov":
-        from tracesynth.baselines import MarkovChain
-
-        return MarkovChain(int(spec.get("order", 4)))
-    if kind == "diffusion":
-        why = diffusion_available()
-        if why:
-            raise TraceSynthError(f"the diffusion model is not available ({why})")
-        from tracesynth.diffusion import TraceSynth, TraceSynthConfig
-
-        return TraceSynth(TraceSynthConfig.from_json(dict(spec.get("config", {}))))
-    if kind == "sdv_par":  # optional: pip install sdv
-        from tracesynth.baselines.sdv_par import PARBaseline, sdv_available
-
-        why = sdv_available()
-        if why:
-            raise TraceSynthError(f"SDV PARSynthesizer is not available ({why}); pip install sdv")
-        opts = {k: int(spec[k]) for k in ("seq_len", "max_sequences", "epochs") if k in spec}
-        return PARBaseline(**opts)
-    raise TraceSynthError(f"unknown generator kind {kind!r} (markov, diffusion or sdv_par)")
-
-
-def load_rules_miner() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    """(mine_rules, repair_trace) when the constraints module is present, else None."""
-    try:
-        from tracesynth.constraints import mine_rules, repair_trace
-    except Exception:
-        return None
-    return mine_rules, repair_trace
-
-
 @dataclass
 class Synthetic:
     """What one generator produced for one workload: the raw sample and its repaired version."""
@@ -87,20 +46,11 @@ class Synthetic:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def count_params(gen: Any) -> int | None:
-    model = getattr(gen, "model", None)
-    if model is not None and hasattr(model, "parameters"):
-        return int(sum(p.numel() for p in model.parameters()))
-    tables = getattr(gen, "_tables", None)
-    if tables is not None:
-        return int(sum(len(t[2]) for t in tables))
-    return None
-
-
 def fit_and_sample(
     spec: Mapping[str, Any], train: Trace, n_events: int, seed: int, rules: Any = None, fit_events: int | None = None
 ) -> Synthetic:
-    """Fit a generator on `train` (optionally only its most recent `fit_events`), sample, and repair."""
+    """Fit a generator on `train` (optionally only its most recent `fit_events`), sample, and repair
+    the sample with `rules` (three separate steps, each timed)."""
     gen = make_generator(spec)
     fit_trace = train if not fit_events or len(train) <= fit_events else train.slice(len(train) - fit_events)
     t0 = time.perf_counter()
@@ -108,22 +58,10 @@ def fit_and_sample(
     t1 = time.perf_counter()
     raw = gen.sample(n_events, seed=seed)
     t2 = time.perf_counter()
-    repaired = None
-    repair_s = 0.0
-    if rules is not None:
-        miner = load_rules_miner()
-        if miner is not None:
-            repaired, _ = miner[1](raw, rules, seed=seed)
-            repair_s = time.perf_counter() - t2
-    info: dict[str, Any] = {"fit_events": len(fit_trace)}  # the real period the sample imitates
-    if isinstance(getattr(gen, "step", None), int):  # optimisation steps done (a time-limited fit stops early)
-        info["train_steps"] = gen.step
-    hist = getattr(gen, "history", None)
-    if isinstance(hist, dict) and "train_windows" in hist:
-        info["train_windows"] = hist["train_windows"]
-    return Synthetic(
-        str(spec.get("name", gen.name)), raw, repaired, t1 - t0, t2 - t1, repair_s, count_params(gen), info
-    )
+    repaired = None if rules is None else repair_trace(raw, rules, seed=seed)[0]
+    repair_s = time.perf_counter() - t2 if rules is not None else 0.0
+    info = {"fit_events": len(fit_trace), **gen.fit_info}  # fit_events: the real period the sample imitates
+    return Synthetic(str(spec.get("name", gen.name)), raw, repaired, t1 - t0, t2 - t1, repair_s, gen.n_params, info)
 
 
 # -- data for the classifier ---------------------------------------------------------------------

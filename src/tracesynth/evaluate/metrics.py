@@ -3,7 +3,7 @@
 - event-type and n-gram Jensen-Shannon divergence (base 2: 0 = same distribution, 1 = disjoint);
 - per-event-type dt Wasserstein distance on log10(1 + dt/ns) (scale-free, so workloads compare);
 - syscall latency (entry to the next exit on the same thread) distributions, same distance;
-- constraint violation rate (tracesynth.constraints.check_trace, when that module is present);
+- constraint violation rate (tracesynth.constraints.check_trace, where rules are given);
 - memorisation: the longest run of event types shared exactly with the training data, and the share
   of synthetic windows that copy a training window event for event.
 """
@@ -16,53 +16,19 @@ from typing import Any
 import numpy as np
 from scipy.stats import wasserstein_distance
 
+from tracesynth.constraints import check_trace
+from tracesynth.divergence import jsd
 from tracesynth.trace import Trace
+from tracesynth.vocab import Vocab
 
-# The fidelity table's columns, in the order the Markdown results and the HTML report show them.
-FIDELITY_COLUMNS = (
-    "workload",
-    "generator",
-    "variant",
-    "jsd_event",
-    "jsd_2gram",
-    "jsd_3gram",
-    "dt_wasserstein",
-    "latency_wasserstein",
-    "violation_rate",
-    "longest_shared_run",
-    "copied_window_share",
-)
-
-
-def jsd(p: np.ndarray, q: np.ndarray) -> float:
-    """Jensen-Shannon divergence (base 2) of two count/probability vectors on the same support."""
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
-    if p.sum() <= 0 or q.sum() <= 0:
-        return float("nan")
-    p, q = p / p.sum(), q / q.sum()
-    m = 0.5 * (p + q)
-
-    def kl(a: np.ndarray) -> float:
-        nz = a > 0
-        return float(np.sum(a[nz] * np.log2(a[nz] / m[nz])))
-
-    return float(np.clip(0.5 * kl(p) + 0.5 * kl(q), 0.0, 1.0))
-
-
-def _event_strings(trace: Trace) -> tuple[np.ndarray, list[str]]:
-    return trace.codes("event")
+__all__ = ["fidelity", "jsd", "memorisation", "ngram_jsd", "violation_rate"]
 
 
 def _joint_codes(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Event codes of both traces in one shared vocabulary."""
-    ca, va = _event_strings(a)
-    cb, vb = _event_strings(b)
-    names = sorted(set(va) | set(vb))
-    idx = {n: i for i, n in enumerate(names)}
-    la = np.asarray([idx[v] for v in va], dtype=np.int64)
-    lb = np.asarray([idx[v] for v in vb], dtype=np.int64)
-    return (la[ca] if len(ca) else ca.astype(np.int64)), (lb[cb] if len(cb) else cb.astype(np.int64)), names
+    (ca, va), (cb, vb) = a.codes("event"), b.codes("event")
+    vocab = Vocab(sorted(set(va) | set(vb)))
+    return vocab.lookup(ca, va), vocab.lookup(cb, vb), vocab.values
 
 
 def ngram_counts(codes: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,7 +78,8 @@ def dt_wasserstein(real: Trace, synth: Trace, min_count: int = 20) -> dict[str, 
             weights[name] = len(r)
     total = sum(weights.values())
     mean = sum(per[k] * weights[k] for k in per) / total if total else float("nan")
-    return {"mean": mean, "per_event": per, "all": float(wasserstein_distance(rdt, sdt)) if len(sdt) else float("nan")}
+    everything = float(wasserstein_distance(rdt, sdt)) if len(rdt) and len(sdt) else float("nan")
+    return {"mean": mean, "per_event": per, "all": everything}
 
 
 _ENTRY = re.compile(r"(syscall_entry_|sys_enter_|sys_enter|syscalls:sys_enter_)")
@@ -171,12 +138,8 @@ def latency_wasserstein(real: Trace, synth: Trace, min_count: int = 20) -> dict[
 
 
 def violation_rate(trace: Trace, rules: Any) -> float | None:
-    """Share of events that break a mined rule (None when no rules or no constraints module)."""
+    """Share of events that break a mined rule (None when there are no rules)."""
     if rules is None:
-        return None
-    try:
-        from tracesynth.constraints import check_trace
-    except ImportError:
         return None
     return float(check_trace(trace, rules).rate)
 

@@ -15,23 +15,28 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import math
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from atomicio import atomic_path
+from tracesynth.constraints import mine_rules
 from tracesynth.errors import TraceSynthError
 from tracesynth.evaluate import experiments as ex
 from tracesynth.evaluate.classifier import ClassifierConfig
-from tracesynth.evaluate.metrics import FIDELITY_COLUMNS
+from tracesynth.evaluate.plots import plot_data
 from tracesynth.evaluate.windows import Vocab, split_trace
+from tracesynth.generator import make_generator
+from tracesynth.jsonable import jsonable
+from tracesynth.report import SWEEP_VALUES, results_markdown, write_report
+from tracesynth.tables import cell, columns
 from tracesynth.trace import Trace
 
 DEFAULTS: dict[str, Any] = {
@@ -177,409 +182,342 @@ def _manifest_entries(manifest: Path) -> list[tuple[Path, str | None]]:
 
 
 # -- outputs --------------------------------------------------------------------------------------
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        return f"{v:.4g}"
-    return "" if v is None else str(v)
+OUTPUTS = ("tables", "results.json", "results.md", "report.html")
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
+    """Rows as CSV, floats to 4 significant digits (tables.cell), None as an empty field."""
+    cols = columns(rows)
     with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for r in rows:
-            w.writerow({k: _fmt(r.get(k)) if isinstance(r.get(k), float) else r.get(k) for k in cols})
+            w.writerow({k: cell(r.get(k)) if isinstance(r.get(k), float) else r.get(k) for k in cols})
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str] | None = None) -> str:
-    if not rows:
-        return "_(no rows)_\n"
-    cols = list(cols or rows[0].keys())
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _mean_std_cols(rows: list[dict[str, Any]], keys: Sequence[str], values: Sequence[str]) -> list[dict[str, Any]]:
-    """Summary rows with 'value' rendered as 'mean ± std' strings for Markdown."""
-    out = []
-    for r in rows:
-        o = {k: r[k] for k in keys}
-        for v in values:
-            o[v] = f"{r[v]:.4f} ± {r[f'{v}_std']:.4f}" if not math.isnan(r[v]) else "n/a"
-        o["n"] = r["n"]
-        out.append(o)
-    return out
-
-
-def _pm(row: Mapping[str, Any], v: str) -> str:
-    """'mean ± std' of a summary row's value; the mean alone where the spread is 0 (one fit, many seeds)."""
-    m, sd = row.get(v), row.get(f"{v}_std") or 0.0
-    if m is None or (isinstance(m, float) and math.isnan(m)):
-        return "n/a"
-    return f"{m:.4g} ± {sd:.2g}" if sd else f"{m:.4g}"
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating | float):
-        return None if math.isnan(float(x)) else float(x)
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    return x
+def write_outputs(results: Mapping[str, Any], out_dir: Path) -> Path:
+    """tables/*.csv, results.json, results.md and report.html, all in place or none."""
+    with atomic_path(out_dir, directory=True, contents=OUTPUTS) as tmp:
+        (tmp / "tables").mkdir()
+        for name, rows in results["tables"].items():
+            if rows:
+                write_csv(rows, tmp / "tables" / f"{name}.csv")
+        (tmp / "results.json").write_text(json.dumps(jsonable(results), indent=1))
+        (tmp / "results.md").write_text(results_markdown(results))
+        write_report(results, tmp / "report.html")
+    return out_dir / "report.html"
 
 
 # -- the pipeline ---------------------------------------------------------------------------------
-def _seeds(cfg: Mapping[str, Any], task: str) -> list[int]:
-    """A task's own seeds when its section names them, else the global ones."""
-    return [int(s) for s in (cfg[task].get("seeds") or cfg["seeds"])]
+@dataclass
+class _Run:
+    """One run's shared state: its config, the progress display, the notes and the stage timings."""
 
+    cfg: dict[str, Any]
+    console: Console
+    progress: Progress | None = None
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    _cls_task: Any = None
 
-class _Stages:
-    """One rich progress display: an overall bar per stage plus a bar for classifier steps."""
+    def note(self, msg: str) -> None:
+        self.notes.append(msg)
+        self.console.print(f"[yellow]note:[/] {msg}", highlight=False)
 
-    def __init__(self, progress: Progress):
-        self.p = progress
-        self.cls_task = progress.add_task("classifier steps", total=None, visible=False)
+    @contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.timings[key] = time.perf_counter() - t0
 
     def stage(self, desc: str, total: int) -> Any:
-        if not self.p.console.is_terminal:  # logs and CI: one line per stage instead of a live bar
-            self.p.console.print(f"{time.strftime('%H:%M:%S')} {desc} ({total})", highlight=False)
-        return self.p.add_task(desc, total=total)
+        """A new overall bar; logs and CI (no terminal) get one line per stage instead."""
+        assert self.progress is not None
+        if not self.progress.console.is_terminal:
+            self.progress.console.print(f"{time.strftime('%H:%M:%S')} {desc} ({total})", highlight=False)
+        return self.progress.add_task(desc, total=total)
+
+    def advance(self, task: Any) -> None:
+        assert self.progress is not None
+        self.progress.advance(task)
+
+    def describe(self, task: Any, description: str) -> None:
+        assert self.progress is not None
+        self.progress.update(task, description=description)
 
     def tick(self) -> None:
-        self.p.advance(self.cls_task)
+        """One classifier optimisation step (its own bar, shown from the first classifier stage on)."""
+        assert self.progress is not None
+        if self._cls_task is None:
+            self._cls_task = self.progress.add_task("classifier steps", total=None)
+        self.progress.advance(self._cls_task)
+
+    def seeds(self, task: str | None = None) -> list[int]:
+        """A task's own seeds when its section names them, else the global ones."""
+        own = self.cfg[task].get("seeds") if task else None
+        return [int(s) for s in (own or self.cfg["seeds"])]
 
 
 def run_pipeline(config: str | Path | Mapping[str, Any], out_dir: str | Path, console: Console | None = None) -> Path:
     """Run train -> sample -> repair -> evaluate -> report; returns the path of report.html."""
     cfg = load_config(config)
     console = console or Console(stderr=True)
-    out_dir = Path(out_dir)
     import torch
 
     threads = torch.get_num_threads()
     if cfg.get("torch_threads"):
         torch.set_num_threads(int(cfg["torch_threads"]))
     try:
-        return _run(cfg, out_dir, console)
+        return _run(cfg, Path(out_dir), console)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run(cfg: dict[str, Any], out_dir: Path, console: Console) -> Path:
     t_start = time.perf_counter()
-    timings: dict[str, float] = {}
-    notes: list[str] = []
-
-    def note(msg: str) -> None:
-        notes.append(msg)
-        console.print(f"[yellow]note:[/] {msg}", highlight=False)
-
-    bad = sorted(set(cfg["regimes"].get("only") or []) - set(ex.REGIMES))
-    if bad:
-        raise TraceSynthError(f"unknown regime(s) {', '.join(bad)} in regimes.only (known: {', '.join(ex.REGIMES)})")
-    ccfg = ClassifierConfig(**cfg["classifier"])
-    seeds = [int(s) for s in cfg["seeds"]]
-    ctx = int(cfg["context"])
-    specs: dict[str, dict[str, Any]] = {}
-    for name, spec in cfg["generators"].items():
-        spec = dict(spec, name=name)
-        if spec.get("kind") == "diffusion":
-            why = ex.diffusion_available()
-            if why:
-                note(f"the diffusion model is absent ({why}); evaluating the Markov baseline only")
-                continue
-        if spec.get("kind") == "sdv_par":
-            from tracesynth.baselines.sdv_par import sdv_available
-
-            why = sdv_available()
-            if why:
-                note(f"SDV's PARSynthesizer is absent ({why}); pip install sdv to score it")
-                continue
-        specs[name] = spec
-    if not specs:
-        raise TraceSynthError("no generator left to evaluate (check the config's generators)")
-    miner = ex.load_rules_miner() if cfg["repair"] else None
-    if cfg["repair"] and miner is None:
-        note("tracesynth.constraints is absent: no rules, no repair, no violation rates")
-
-    t0 = time.perf_counter()
-    sources = load_sources(cfg)
-    timings["load_s"] = time.perf_counter() - t0
+    run = _Run(cfg, console)
+    specs = generator_specs(cfg)
+    with run.timed("load_s"):
+        sources = load_sources(cfg)
     console.print(
         "pipeline: "
         + ", ".join(f"{k} ({len(v):,} events)" for k, v in sources.items())
         + f"; generators: {', '.join(specs)}"
     )
-    results: dict[str, Any] = {"config": {k: v for k, v in cfg.items() if k != "_base"}, "notes": notes}
-    fid_rows: list[dict[str, Any]] = []
-    disc_rows: list[dict[str, Any]] = []
-    reg_rows: list[dict[str, Any]] = []
-    scarce: list[dict[str, Any]] = []
-    wid_rows: list[dict[str, Any]] = []
-    gen_rows: list[dict[str, Any]] = []
-    sweep_rows: list[dict[str, Any]] = []
-    plots: dict[str, Any] = {}
-    from tracesynth.report import plot_data
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        st = _Stages(progress)
-        # 1. split, rules, fit, sample, repair
-        data: dict[str, ex.WorkloadData] = {}
-        synth: dict[str, dict[str, ex.Synthetic]] = {}
-        task = st.stage("fit + sample + repair", len(sources) * len(specs))
-        t0 = time.perf_counter()
-        for wl, trace in sources.items():
-            split = split_trace(trace, cfg["split"])
-            rules = miner[0]([split.train]) if miner else None
-            data[wl] = ex.prepare_workload(wl, split, ctx, int(cfg["max_test_windows"]), rules=rules)
-            synth[wl] = {}
-            n_sample = max(ctx * 4, int(len(split.train) * float(cfg["sample_factor"])))
-            for g, spec in specs.items():
-                if cfg.get("sweep") and g == cfg["sweep"]["generator"]:  # the sweep fits each of its variants
-                    progress.advance(task)
-                    continue
-                progress.update(task, description=f"fit + sample + repair: {g} on {wl}")
-                n = int(spec.get("sample_events") or n_sample)
-                try:
-                    s = ex.fit_and_sample(spec, split.train, n, seed=0, rules=rules, fit_events=spec.get("fit_events"))
-                except TraceSynthError as exc:
-                    note(f"{g} on {wl} failed: {exc}")
-                    progress.advance(task)
-                    continue
-                synth[wl][g] = s
-                gen_rows.append(
-                    {
-                        "workload": wl,
-                        "generator": g,
-                        "fit_s": s.fit_s,
-                        "sample_s": s.sample_s,
-                        "repair_s": s.repair_s,
-                        "events": len(s.raw),
-                        "params": s.params,
-                    }
-                )
-                progress.advance(task)
-            plots[wl] = plot_data(
-                split.train,
-                {g: s.raw for g, s in synth[wl].items()},
-                {g: s.repaired for g, s in synth[wl].items() if s.repaired is not None},
-            )
-        timings["generate_s"] = time.perf_counter() - t0
-
-        # 2. fidelity, violations, memorisation
-        t0 = time.perf_counter()
-        task = st.stage("fidelity + privacy metrics", len(data))
-        for wl, wd in data.items():
-            fid_rows += ex.fidelity_rows(wd, synth[wl], ctx)
-            progress.advance(task)
-        timings["metrics_s"] = time.perf_counter() - t0
-
-        # 3. classifier tasks
-        progress.update(st.cls_task, visible=True)
-        if cfg["discriminator"]["enabled"]:
-            t0 = time.perf_counter()
-            task = st.stage("discriminator (real vs synthetic)", len(data))
-            for wl, wd in data.items():
-                disc_rows += ex.discriminator_rows(
-                    wd, synth[wl], ccfg, _seeds(cfg, "discriminator"), int(cfg["discriminator"]["max_windows"]), st.tick
-                )
-                progress.advance(task)
-            timings["discriminator_s"] = time.perf_counter() - t0
-        if cfg["regimes"]["enabled"]:
-            t0 = time.perf_counter()
-            wls = [w for w in (cfg["regimes"]["workloads"] or list(data)) if w in data]
-            task = st.stage("next-event regimes", len(wls))
-            for wl in wls:
-                reg_rows += ex.regime_rows(
-                    data[wl],
-                    synth[wl],
-                    ccfg,
-                    _seeds(cfg, "regimes"),
-                    int(cfg["max_train_windows"]),
-                    st.tick,
-                    cfg["regimes"].get("only"),
-                )
-                progress.advance(task)
-            timings["regimes_s"] = time.perf_counter() - t0
-        if cfg["workload_id"]["enabled"] and len(data) >= 2:
-            t0 = time.perf_counter()
-            task = st.stage("workload identification", 1)
-            vocab = Vocab.from_traces([wd.split.train for wd in data.values()])
-            shared = {
-                wl: ex.prepare_workload(wl, wd.split, ctx, int(cfg["max_test_windows"]), vocab=vocab, rules=wd.rules)
-                for wl, wd in data.items()
-            }
-            wid_rows = ex.workload_id_rows(
-                shared, vocab, synth, ccfg, _seeds(cfg, "workload_id"), int(cfg["workload_id"]["per_class"]), st.tick
-            )
-            progress.advance(task)
-            timings["workload_id_s"] = time.perf_counter() - t0
-        if cfg["scarce"]["enabled"]:
-            t0 = time.perf_counter()
-            wls = [w for w in (cfg["scarce"]["workloads"] or list(data)) if w in data]
-            task = st.stage("scarce-data curve", len(wls))
-            for wl in wls:
-                scarce += ex.scarce_rows(
-                    data[wl],
-                    specs,
-                    cfg["scarce"]["budgets"],
-                    cfg["scarce"]["multipliers"],
-                    ccfg,
-                    _seeds(cfg, "scarce"),
-                    int(cfg["max_train_windows"]),
-                    st.tick,
-                    note,
-                )
-                progress.advance(task)
-            timings["scarce_s"] = time.perf_counter() - t0
-        if cfg.get("sweep"):
-            t0 = time.perf_counter()
-            sweep_rows = run_sweep(cfg, data, ccfg, seeds, st, note)
-            timings["sweep_s"] = time.perf_counter() - t0
-
-    timings["total_s"] = time.perf_counter() - t_start
-    tables = {
-        "generators": gen_rows,
-        "fidelity": fid_rows,
-        "discriminator": disc_rows,
-        "discriminator_summary": ex.summarise(
-            disc_rows, ["workload", "generator", "variant"], ["auc", "auc_reference"]
-        ),
-        "regimes": reg_rows,
-        "regimes_summary": ex.summarise(reg_rows, ["workload", "regime", "generator"], ["macro_f1", "accuracy"]),
-        "workload_id": wid_rows,
-        "workload_id_summary": ex.summarise(wid_rows, ["train_on"], ["macro_f1", "accuracy"]),
-        "scarce": scarce,
-        "scarce_summary": ex.summarise(
-            scarce, ["workload", "budget", "generator", "synthetic_x"], ["macro_f1", "accuracy"]
-        ),
-        "sweep": sweep_rows,
+    bars = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*bars, console=console, transient=False) as progress:
+        run.progress = progress
+        with run.timed("generate_s"):
+            data, synth, gen_rows, plots = generate(run, sources, specs)
+        with run.timed("metrics_s"):
+            rows = {"generators": gen_rows, "fidelity": fidelity(run, data, synth)}
+        rows.update(classifier_tasks(run, data, synth, specs))
+    run.timings["total_s"] = time.perf_counter() - t_start
+    results = {
+        "config": {k: v for k, v in cfg.items() if k != "_base"},
+        "notes": run.notes,
+        "tables": summarise_tables(rows),
+        "timings": run.timings,
+        "plots": plots,
+        "generators": list(specs),
     }
-    results.update({"tables": tables, "timings": timings, "plots": plots, "generators": list(specs)})
-    with atomic_path(out_dir, directory=True, contents=("tables", "results.json", "results.md", "report.html")) as tmp:
-        (tmp / "tables").mkdir()
-        for name, rows in tables.items():
-            if rows:
-                write_csv(rows, tmp / "tables" / f"{name}.csv")
-        (tmp / "results.json").write_text(json.dumps(_jsonable(results), indent=1))
-        (tmp / "results.md").write_text(results_markdown(results))
-        from tracesynth.report import write_report
-
-        write_report(results, tmp / "report.html")
-    console.print(f"pipeline: {timings['total_s']:.0f} s; report: {out_dir / 'report.html'}")
-    return out_dir / "report.html"
+    report = write_outputs(results, out_dir)
+    console.print(f"pipeline: {run.timings['total_s']:.0f} s; report: {report}")
+    return report
 
 
-def results_markdown(results: Mapping[str, Any]) -> str:
-    """The summary tables as Markdown (what the README's results table is cut from)."""
-    t = results["tables"]
-    parts = [f"# Results: {results['config'].get('name', 'pipeline')}\n"]
-    for n in results.get("notes", []):
-        parts.append(f"- note: {n}\n")
-    if t["regimes_summary"]:
-        parts.append("\n## Next-event prediction (Macro-F1 on held-out real data, mean ± std over seeds)\n\n")
-        parts.append(
-            markdown_table(
-                _mean_std_cols(t["regimes_summary"], ["workload", "regime", "generator"], ["macro_f1", "accuracy"])
+def generator_specs(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The config's generators by name, each checked by building it (an unknown kind, a bad config or
+    a missing optional dependency fails here, before any work), plus the regimes it names."""
+    bad = sorted(set(cfg["regimes"].get("only") or []) - set(ex.REGIMES))
+    if bad:
+        raise TraceSynthError(f"unknown regime(s) {', '.join(bad)} in regimes.only (known: {', '.join(ex.REGIMES)})")
+    specs = {name: dict(spec, name=name) for name, spec in cfg["generators"].items()}
+    if not specs:
+        raise TraceSynthError("no generator to evaluate (the config's generators is empty)")
+    for spec in specs.values():
+        make_generator(spec)
+    return specs
+
+
+Samples = Mapping[str, Mapping[str, ex.Synthetic]]  # workload -> generator -> its sample
+Generated = tuple[dict[str, ex.WorkloadData], dict[str, dict[str, ex.Synthetic]], list[dict[str, Any]], dict[str, Any]]
+
+
+def generate(run: _Run, sources: Mapping[str, Trace], specs: Mapping[str, Mapping[str, Any]]) -> Generated:
+    """Per workload: time split, rules mined on the training block, then every generator fitted,
+    sampled and its sample repaired. Returns the prepared data, the samples, their cost rows and the
+    plot data."""
+    cfg, ctx = run.cfg, int(run.cfg["context"])
+    data: dict[str, ex.WorkloadData] = {}
+    synth: dict[str, dict[str, ex.Synthetic]] = {}
+    rows: list[dict[str, Any]] = []
+    plots: dict[str, Any] = {}
+    swept = cfg["sweep"]["generator"] if cfg.get("sweep") else None  # the sweep fits each of its variants
+    task = run.stage("fit + sample + repair", len(sources) * len(specs))
+    for wl, trace in sources.items():
+        split = split_trace(trace, cfg["split"])
+        rules = mine_rules([split.train]) if cfg["repair"] else None
+        data[wl] = ex.prepare_workload(wl, split, ctx, int(cfg["max_test_windows"]), rules=rules)
+        synth[wl] = {}
+        n_sample = max(ctx * 4, int(len(split.train) * float(cfg["sample_factor"])))
+        for g, spec in specs.items():
+            if g == swept:
+                run.advance(task)
+                continue
+            run.describe(task, f"fit + sample + repair: {g} on {wl}")
+            n = int(spec.get("sample_events") or n_sample)
+            try:
+                s = ex.fit_and_sample(spec, split.train, n, seed=0, rules=rules, fit_events=spec.get("fit_events"))
+            except TraceSynthError as exc:  # e.g. a workload shorter than the model's context
+                run.note(f"{g} on {wl} failed: {exc}")
+                run.advance(task)
+                continue
+            synth[wl][g] = s
+            rows.append(
+                {
+                    "workload": wl,
+                    "generator": g,
+                    "fit_s": s.fit_s,
+                    "sample_s": s.sample_s,
+                    "repair_s": s.repair_s,
+                    "events": len(s.raw),
+                    "params": s.params,
+                }
             )
+            run.advance(task)
+        plots[wl] = plot_data(
+            split.train,
+            {g: s.raw for g, s in synth[wl].items()},
+            {g: s.repaired for g, s in synth[wl].items() if s.repaired is not None},
         )
-    if t["discriminator_summary"]:
-        parts.append(
-            "\n## Discriminator two-sample test (AUC; 0.5 = indistinguishable from real)\n\n"
-            "`auc`: synthetic vs real windows of the period the generator learned from; `auc_reference`: real vs "
-            "real, two interleaved sets of small time blocks of that same period, same classifier and budget. "
-            "A sample is as good as real data where its `auc` reaches `auc_reference`.\n\n"
-        )
-        parts.append(
-            markdown_table(
-                _mean_std_cols(
-                    t["discriminator_summary"], ["workload", "generator", "variant"], ["auc", "auc_reference"]
-                )
-            )
-        )
-    if t["workload_id_summary"]:
-        parts.append("\n## Workload identification (train on the named source, test on real)\n\n")
-        parts.append(markdown_table(_mean_std_cols(t["workload_id_summary"], ["train_on"], ["macro_f1", "accuracy"])))
-    if t["fidelity"]:
-        parts.append("\n## Fidelity and privacy (against the real training block; lower is closer)\n\n")
-        parts.append(markdown_table(t["fidelity"], FIDELITY_COLUMNS))
-    if t["scarce_summary"]:
-        parts.append("\n## Scarce-data curve (next-event Macro-F1)\n\n")
-        parts.append(
-            markdown_table(
-                _mean_std_cols(t["scarce_summary"], ["workload", "budget", "generator", "synthetic_x"], ["macro_f1"])
-            )
-        )
-    if t["generators"]:
-        parts.append("\n## Generator cost\n\n")
-        parts.append(markdown_table(t["generators"]))
-    if t.get("sweep"):
-        parts.append("\n## Sweep\n\n")
-        values = [
-            "macro_f1",
-            "auc",
-            "auc_reference",
-            "jsd_3gram",
-            "violation_rate_raw",
-            "fit_s",
-            "train_steps",
-            "params",
-        ]
-        summ = ex.summarise(t["sweep"], ["workload", "variant"], values)
-        parts.append(
-            "`macro_f1`: next-event Macro-F1 on the held-out real block (rows `real`/`half_real`: real data alone; "
-            "variants: half real + the variant's repaired sample, 50/50); `auc` / `auc_reference`: discriminator "
-            "against the same-period real-vs-real reference; `violation_rate_raw`: before repair; `fit_s`, "
-            "`train_steps`, `params`: compute cost.\n\n"
-        )
-        rows = [
-            {"workload": r["workload"], "variant": r["variant"], "n": r["n"], **{v: _pm(r, v) for v in values}}
-            for r in summ
-        ]
-        parts.append(markdown_table(rows, ["workload", "variant", *values, "n"]))
-    tm = results.get("timings", {})
-    parts.append("\n## Time\n\n" + ", ".join(f"{k} {v:.0f}" for k, v in tm.items()) + "\n")
-    return "".join(parts)
+    return data, synth, rows, plots
 
 
-def run_sweep(
-    cfg: Mapping[str, Any],
-    data: Mapping[str, ex.WorkloadData],
-    ccfg: ClassifierConfig,
-    seeds: Sequence[int],
-    st: _Stages,
-    note: Any,
+def fidelity(run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples) -> list[dict[str, Any]]:
+    """Fidelity, violations and memorisation of every sample (and of the real test block)."""
+    rows: list[dict[str, Any]] = []
+    task = run.stage("fidelity + privacy metrics", len(data))
+    for wl, wd in data.items():
+        rows += ex.fidelity_rows(wd, synth[wl], int(run.cfg["context"]))
+        run.advance(task)
+    return rows
+
+
+def classifier_tasks(
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, specs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """The enabled classifier experiments, each a timed stage with its rows under its own name."""
+    cfg = run.cfg
+    ccfg = ClassifierConfig(**cfg["classifier"])
+    stages: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "discriminator": lambda: discriminator_stage(run, data, synth, ccfg),
+        "regimes": lambda: regimes_stage(run, data, synth, ccfg),
+        "workload_id": lambda: workload_id_stage(run, data, synth, ccfg),
+        "scarce": lambda: scarce_stage(run, data, specs, ccfg),
+        "sweep": lambda: run_sweep(run, data, ccfg),
+    }
+    enabled = {
+        "discriminator": cfg["discriminator"]["enabled"],
+        "regimes": cfg["regimes"]["enabled"],
+        "workload_id": cfg["workload_id"]["enabled"] and len(data) >= 2,  # needs two workloads to tell apart
+        "scarce": cfg["scarce"]["enabled"],
+        "sweep": bool(cfg.get("sweep")),
+    }
+    rows = {}
+    for name, stage in stages.items():
+        if enabled[name]:
+            with run.timed(f"{name}_s"):
+                rows[name] = stage()
+    return rows
+
+
+def _chosen(run: _Run, section: str, data: Mapping[str, ex.WorkloadData]) -> list[str]:
+    """The workloads a section names (all by default) that the run has."""
+    return [w for w in (run.cfg[section]["workloads"] or list(data)) if w in data]
+
+
+def discriminator_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, ccfg: ClassifierConfig
 ) -> list[dict[str, Any]]:
+    seeds, max_windows = run.seeds("discriminator"), int(run.cfg["discriminator"]["max_windows"])
+    return _per_workload(
+        run,
+        "discriminator (real vs synthetic)",
+        list(data),
+        lambda wl: ex.discriminator_rows(data[wl], synth[wl], ccfg, seeds, max_windows, run.tick),
+    )
+
+
+def regimes_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, ccfg: ClassifierConfig
+) -> list[dict[str, Any]]:
+    seeds, max_train, only = run.seeds("regimes"), int(run.cfg["max_train_windows"]), run.cfg["regimes"].get("only")
+    return _per_workload(
+        run,
+        "next-event regimes",
+        _chosen(run, "regimes", data),
+        lambda wl: ex.regime_rows(data[wl], synth[wl], ccfg, seeds, max_train, run.tick, only),
+    )
+
+
+def workload_id_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], synth: Samples, ccfg: ClassifierConfig
+) -> list[dict[str, Any]]:
+    """All workloads re-encoded in one shared vocabulary, then one classifier per training source."""
+    cfg = run.cfg
+    task = run.stage("workload identification", 1)
+    vocab = Vocab.from_traces([wd.split.train for wd in data.values()])
+    ctx, max_test = int(cfg["context"]), int(cfg["max_test_windows"])
+    shared = {
+        wl: ex.prepare_workload(wl, wd.split, ctx, max_test, vocab=vocab, rules=wd.rules) for wl, wd in data.items()
+    }
+    per_class = int(cfg["workload_id"]["per_class"])
+    rows = ex.workload_id_rows(shared, vocab, synth, ccfg, run.seeds("workload_id"), per_class, run.tick)
+    run.advance(task)
+    return rows
+
+
+def scarce_stage(
+    run: _Run, data: Mapping[str, ex.WorkloadData], specs: Mapping[str, Mapping[str, Any]], ccfg: ClassifierConfig
+) -> list[dict[str, Any]]:
+    sc, seeds, max_train = run.cfg["scarce"], run.seeds("scarce"), int(run.cfg["max_train_windows"])
+    return _per_workload(
+        run,
+        "scarce-data curve",
+        _chosen(run, "scarce", data),
+        lambda wl: ex.scarce_rows(
+            data[wl], specs, sc["budgets"], sc["multipliers"], ccfg, seeds, max_train, run.tick, run.note
+        ),
+    )
+
+
+def _per_workload(
+    run: _Run, desc: str, workloads: Sequence[str], rows_of: Callable[[str], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """One stage bar over `workloads`, concatenating each workload's rows."""
+    task = run.stage(desc, len(workloads))
+    rows: list[dict[str, Any]] = []
+    for wl in workloads:
+        rows += rows_of(wl)
+        run.advance(task)
+    return rows
+
+
+# Summary tables: (raw table, group-by keys, values), mean and std over seeds.
+SUMMARIES = {
+    "discriminator_summary": ("discriminator", ["workload", "generator", "variant"], ["auc", "auc_reference"]),
+    "regimes_summary": ("regimes", ["workload", "regime", "generator"], ["macro_f1", "accuracy"]),
+    "workload_id_summary": ("workload_id", ["train_on"], ["macro_f1", "accuracy"]),
+    "scarce_summary": ("scarce", ["workload", "budget", "generator", "synthetic_x"], ["macro_f1", "accuracy"]),
+    "sweep_summary": ("sweep", ["workload", "variant"], list(SWEEP_VALUES)),
+}
+TABLES = ("generators", "fidelity", "discriminator", "regimes", "workload_id", "scarce", "sweep")
+
+
+def summarise_tables(rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Every raw table (empty where its stage did not run) and its summary next to it."""
+    tables = {name: rows.get(name, []) for name in TABLES}
+    for name, (raw, keys, values) in SUMMARIES.items():
+        tables[name] = ex.summarise(tables[raw], keys, values)
+    order = [n for t in TABLES for n in (t, f"{t}_summary") if n in tables]
+    return {n: tables[n] for n in order}
+
+
+def run_sweep(run: _Run, data: Mapping[str, ex.WorkloadData], ccfg: ClassifierConfig) -> list[dict[str, Any]]:
     """Fit one generator per variant (config overrides), then score fidelity, discriminator AUC and
     next-event Macro-F1 of the 50/50 repaired mix; fit time and parameter count are the compute cost.
     Rows with variant "real" / "half_real" give the same classifier's Macro-F1 on real data alone."""
+    cfg = run.cfg
+    seeds = run.seeds()
     sw = cfg["sweep"]
     base = dict(cfg["generators"][sw["generator"]])
+    max_train, max_disc = int(cfg["max_train_windows"]), int(cfg["discriminator"]["max_windows"])
     rows = []
-    task = st.stage(f"sweep {sw.get('name', '')}", len(data) * len(sw["variants"]))
+    task = run.stage(f"sweep {sw.get('name', '')}", len(data) * len(sw["variants"]))
     for wl, wd in data.items():
         ref_cache: dict[tuple[int, ...], float] = {}  # one real-vs-real reference per seed for all variants
-        for r in ex.regime_rows(wd, {}, ccfg, seeds, int(cfg["max_train_windows"]), st.tick, ["real", "half_real"]):
+        for r in ex.regime_rows(wd, {}, ccfg, seeds, max_train, run.tick, ["real", "half_real"]):
             rows.append({"workload": wl, "variant": r["regime"], "seed": r["seed"], "macro_f1": r["macro_f1"]})
         for label, over in sw["variants"].items():
             spec = copy.deepcopy(base)
@@ -594,23 +532,16 @@ def run_sweep(
                     spec, wd.split.train, n, seed=0, rules=wd.rules, fit_events=base.get("fit_events")
                 )
             except TraceSynthError as exc:
-                note(f"sweep {label} on {wl} failed: {exc}")
-                st.p.advance(task)
+                run.note(f"sweep {label} on {wl} failed: {exc}")
+                run.advance(task)
                 continue
             fids = ex.fidelity_rows(wd, {label: s})
             fid, fid_raw = fids[-1], fids[1]  # [reference, raw, repaired?]
+            regime = "mix_repaired" if s.repaired is not None else "mix_unrepaired"
             for seed in seeds:
-                regime = "mix_repaired" if s.repaired is not None else "mix_unrepaired"
-                reg = ex.regime_rows(wd, {label: s}, ccfg, [seed], int(cfg["max_train_windows"]), st.tick, [regime])
+                reg = ex.regime_rows(wd, {label: s}, ccfg, [seed], max_train, run.tick, [regime])
                 auc = ex.discriminator_rows(
-                    wd,
-                    {label: s},
-                    ccfg,
-                    [seed],
-                    int(cfg["discriminator"]["max_windows"]),
-                    st.tick,
-                    final_only=True,
-                    ref_cache=ref_cache,
+                    wd, {label: s}, ccfg, [seed], max_disc, run.tick, final_only=True, ref_cache=ref_cache
                 )
                 rows.append(
                     {
@@ -630,5 +561,5 @@ def run_sweep(
                         "train_windows": s.info.get("train_windows"),
                     }
                 )
-            st.p.advance(task)
+            run.advance(task)
     return rows

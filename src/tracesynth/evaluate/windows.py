@@ -16,6 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tracesynth.errors import TraceSynthError
 from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
+from tracesynth.vocab import Vocab as StringVocab
 
 N_DT_BINS = 16  # log2-spaced gap bins: 0 ns, then <2, <4, ... ns up to >= 2**29 ns (~0.5 s)
 
@@ -42,26 +43,22 @@ class Windows:
         return Windows(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("events", "dts", "labels")))
 
 
-class Vocab:
+class Vocab(StringVocab):
     """Event-type vocabulary fixed on the real training data; unseen types map to UNK (id 0)."""
 
     def __init__(self, names: Sequence[str]):
-        self.names = ["<unk>"] + sorted(set(names))
-        self.index = {n: i for i, n in enumerate(self.names)}
+        super().__init__(["<unk>", *sorted(set(names))])
 
-    def __len__(self) -> int:
-        return len(self.names)
+    @property
+    def names(self) -> list[str]:
+        return self.values
 
     @classmethod
     def from_traces(cls, traces: Sequence[Trace]) -> Vocab:
         return cls([v for t in traces for v in t.codes("event")[1]])
 
     def encode(self, trace: Trace) -> np.ndarray:
-        codes, voc = trace.codes("event")
-        if not len(codes):
-            return np.zeros(0, dtype=np.int64)
-        lut = np.asarray([self.index.get(v, 0) for v in voc], dtype=np.int64)
-        return lut[codes]
+        return self.lookup(*trace.codes("event"), default=0)
 
 
 def dt_bins(trace: Trace) -> np.ndarray:
