@@ -88,6 +88,22 @@ def _diffusion_cls() -> type:
     return TraceSynth
 
 
+def _masked_cls() -> type:
+    from tracesynth.masked import MaskedDiffusion
+
+    return MaskedDiffusion
+
+
+def _masked(spec: Mapping[str, Any]) -> Generator:
+    from tracesynth.masked import MaskedConfig
+
+    try:
+        cfg = MaskedConfig(**dict(spec.get("config", {})))
+    except TypeError as exc:
+        raise TraceSynthError(f"masked diffusion config: {exc}") from None
+    return _masked_cls()(cfg)
+
+
 def _markov(spec: Mapping[str, Any]) -> Generator:
     return _markov_cls()(int(spec.get("order", 4)))
 
@@ -114,6 +130,7 @@ KINDS: dict[str, Kind] = {
             ("format", "tracesynth-diffusion"),
             ("sampler", "sampling_steps", "device", "progress"),
         ),
+        Kind("masked", _masked, _masked_cls, ("format", "tracesynth-masked-1")),
         Kind("markov", _markov, _markov_cls, ("kind", "markov")),
         Kind("sdv_par", _sdv_par, None, None),
     )

@@ -51,13 +51,15 @@ class MaskedConfig:
     steps: int = 2000
     time_limit: float | None = None  # seconds of training; stops before `steps` when reached
     sample_steps: int = 64
-    overlap: int = 64  # events of the previous window each new window is conditioned on
+    overlap: int | None = None  # events of the previous window each new window is conditioned on (context // 4)
     chains: int = 8  # independent chains sampled in parallel
     temperature: float = 1.0
     max_tids: int = 32
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.overlap is None:
+            self.overlap = self.context // 4
         checks = {
             "context >= 16": self.context >= 16,
             "d_model > 0 and divisible by n_heads": self.n_heads > 0 and self.d_model > 0

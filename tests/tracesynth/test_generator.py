@@ -44,7 +44,11 @@ def test_registry_builds_each_kind_behind_the_protocol() -> None:
     assert gen.n_params == 3 + 4 + 5 and gen.fit_info == {}
     diffusion = make_generator({"kind": "diffusion", "config": {"context": 64, "d_model": 32}})
     assert diffusion.config.context == 64 and isinstance(diffusion, Generator) and diffusion.n_params is None
-    with pytest.raises(TraceSynthError, match=r"unknown generator kind 'gan' \(known: diffusion, markov, sdv_par\)"):
+    masked = make_generator({"kind": "masked", "config": {"context": 64, "d_model": 32, "n_heads": 2}})
+    assert masked.config.overlap == 16 and isinstance(masked, Generator) and masked.n_params is None
+    with pytest.raises(TraceSynthError, match="masked diffusion config"):
+        make_generator({"kind": "masked", "config": {"width": 3}})
+    with pytest.raises(TraceSynthError, match=r"unknown generator kind 'gan' \(known: diffusion, masked, markov, sdv_par\)"):
         make_generator({"kind": "gan"})
     with pytest.raises(TraceSynthError, match="unknown generator kind None"):
         make_generator({})

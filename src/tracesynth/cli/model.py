@@ -19,7 +19,7 @@ from tracesynth.generator import get_kind, make_generator, saved_kind
 def fit(
     data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
-    kind: str = typer.Option("diffusion", "--kind", help="Generator: diffusion, or the markov baseline."),
+    kind: str = typer.Option("diffusion", "--kind", help="Generator: diffusion (the paper's Gaussian model), masked (discrete diffusion) or markov."),
     order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
     context: int = typer.Option(1024, "--context", help="Events per window (L)."),
     channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
@@ -47,12 +47,20 @@ def fit(
         if gen_kind.cls is None:
             raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
         if resume:
-            raise TraceSynthError("--resume continues a diffusion model's training; a Markov chain fits in one pass")
+            raise TraceSynthError(f"--resume continues a diffusion model's training, not a {kind} one")
         traces = [read_trace(p) for p in data]
-        gen = make_generator({"kind": kind, "order": order}).fit(traces)
+        if gen_kind.name == "masked":
+            _set_threads(threads)
+            masked_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
+                          "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed}
+            gen = make_generator({"kind": "masked", "config": masked_cfg}).fit(traces)
+        else:
+            gen = make_generator({"kind": kind, "order": order}).fit(traces)
         gen.save(output)
         n = sum(len(t) for t in traces)
-        console.print(f"{output}: {gen.name} fitted on {n:,} events, {gen.n_params:,} table entries")
+        what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights" if kind == "masked" else (
+            f"{gen.n_params:,} table entries")
+        console.print(f"{output}: {gen.name} fitted on {n:,} events, {what}")
         return
     from tracesynth.diffusion import TraceSynth, TraceSynthConfig
     from tracesynth.diffusion.synth import is_main_process
