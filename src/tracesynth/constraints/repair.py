@@ -171,7 +171,7 @@ def _fix_pairing(s: _State, fixes: Counter[str], rng: np.random.Generator, inser
         "comm": s.comm[at],
         "ret": np.zeros(len(at), np.int64),
         "has_ret": np.zeros(len(at), bool),
-        "ts": s.ts[at],
+        "ts": s.ts[np.maximum(at - 1, 0)],  # the previous row's time: the gap before `at` is kept
         "origin": np.full(len(at), -1, np.int64),
         "dt_changed": np.zeros(len(at), bool),
     }
@@ -318,7 +318,7 @@ def _insert_missing(s: _State, fixes: Counter[str], rng: np.random.Generator) ->
         "comm": s.comm[at],
         "ret": ret,
         "has_ret": has_ret,
-        "ts": s.ts[at],
+        "ts": s.ts[np.maximum(at - 1, 0)],  # the previous row's time: the gap before `at` is kept
         "origin": np.full(len(at), -1, np.int64),
         "dt_changed": np.zeros(len(at), bool),
     }
@@ -364,8 +364,13 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
         wc[has_c] *= c.cpu_comm_weight[cm[has_c]]
         w = np.where((wc.sum(axis=1) > 0)[:, None], wc, w)
         s.cpu[bad] = _sample_rows(w, rng)
-    # a thread that shows up on a CPU while still current on another moves back there; the move
-    # walks along the thread's events until its old segment ends, so repeat until settled
+    # a thread that shows up on a CPU while still current on another: with switches carried by
+    # the outgoing thread, one inserted sched_switch on the old CPU ends its stay there (one edit);
+    # otherwise it moves back there, walking along its events until the old segment ends
+    f1 = DETECTORS["sched.one_cpu"](s.arrays())
+    if len(f1.idx) and c.sched_convention == "prev" and c.switch_code >= 0:
+        fixes["sched.one_cpu"] += len(f1.idx)
+        _insert_switches(s, f1.idx, f1.idx, rng, cpu=f1.expected)
     for _ in range(256):
         f1 = DETECTORS["sched.one_cpu"](s.arrays())
         if not len(f1.idx):
@@ -376,6 +381,8 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
     fs = DETECTORS["sched.consistency"](a)
     if len(fs.idx):
         fixes["sched.consistency"] += len(fs.idx)
+        split_at, split_from, retag = _cheaper_splits(a, fs)
+        fs = Found(fs.rule, fs.idx[retag], fs.found[retag], fs.expected[retag])
         s.tid[fs.idx] = fs.expected
         # the thread's command: the one its other events carry
         known = (s.tid >= 0) & (s.comm >= 0)
@@ -384,6 +391,57 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
         pos = np.minimum(np.searchsorted(u, fs.expected), max(0, len(u) - 1))
         hit = (len(u) > 0) & (u[pos] == fs.expected) if len(u) else np.zeros(len(fs.idx), bool)
         s.comm[fs.idx[hit]] = comm_of[pos[hit]]
+        if len(split_at):
+            _insert_switches(s, split_at, split_from, rng)
+
+
+def _cheaper_splits(a: TraceArrays, fs: Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where a CPU's scheduling segment holds several threads, one inserted sched_switch per change
+    of thread fixes every event after it; where that is fewer edits than retagging the segment's
+    other threads' events, split instead. Returns (events to insert a switch before, the event
+    whose thread switches out there, mask of violations left to retagging)."""
+    c = a.c
+    none = np.zeros(0, np.int64)
+    if c.switch_code < 0:
+        return none, none, np.ones(len(fs.idx), bool)
+    order, seg, _ = a.cpu_segments
+    valid = a.tid[order] >= 0
+    o, sg = order[valid], seg[valid]
+    t = a.tid[o]
+    change = np.zeros(len(o), bool)
+    change[1:] = (sg[1:] == sg[:-1]) & (t[1:] != t[:-1])
+    n_seg = int(seg.max()) + 1 if len(seg) else 0
+    changes = np.bincount(sg[change], minlength=n_seg)
+    seg_of = np.full(a.n, -1, dtype=np.int64)
+    seg_of[order] = seg
+    bad = np.bincount(seg_of[fs.idx], minlength=n_seg)
+    split = changes < bad
+    at = np.flatnonzero(change & split[sg])
+    return o[at], o[at - 1], ~split[seg_of[fs.idx]]
+
+
+def _insert_switches(
+    s: _State, before: np.ndarray, outgoing: np.ndarray, rng: np.random.Generator, cpu: np.ndarray | None = None
+) -> None:
+    """Insert a sched_switch before each event in `before`, at the previous row's time, on the
+    event's CPU (or `cpu`), carried by the thread the convention puts on it (the outgoing one for
+    "prev", the incoming one for "next")."""
+    c = s.c
+    owner = outgoing if c.sched_convention == "prev" else before
+    ev = np.full(len(before), c.switch_code, dtype=np.int64)
+    ret, has_ret = _sample_ret_for(c, ev, rng)
+    rows = {
+        "ev": ev,
+        "cpu": s.cpu[before] if cpu is None else cpu,
+        "tid": s.tid[owner],
+        "comm": s.comm[owner],
+        "ret": ret,
+        "has_ret": has_ret,
+        "ts": s.ts[np.maximum(before - 1, 0)],
+        "origin": np.full(len(before), -1, np.int64),
+        "dt_changed": np.zeros(len(before), bool),
+    }
+    s.edit(before, rows, np.zeros(0, np.int64))
 
 
 def _fix_time(s: _State, fixes: Counter[str]) -> None:
