@@ -34,10 +34,10 @@ Learned rules are candidates first, then calibrated:
 from __future__ import annotations
 
 import copy
-from math import lgamma
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from math import lgamma
 from typing import Any
 
 import numpy as np
@@ -256,10 +256,11 @@ def _mine_doc(traces: Sequence[Trace], names: list[str], comms: list[str], p: Ma
     }
     keep = run_tid != IDLE_TID  # the idle task is one per CPU: never one thread's affinity
     stay = _migration_model(run_tid[keep], run_moved[keep])
+    named = run_comm >= 0
     doc["cpu"] = {
         "n_cpus": n_cpus,
         "migration": stay,
-        "comm": _cpu_sets(run_comm[run_comm >= 0], run_cpu[run_comm >= 0], run_moved[run_comm >= 0], comms, n_cpus, stay, p),
+        "comm": _cpu_sets(run_comm[named], run_cpu[named], run_moved[named], comms, n_cpus, stay, p),
         "tid": _cpu_sets(run_tid[keep], run_cpu[keep], run_moved[keep], None, n_cpus, stay, p),
     }
     doc["invariants"] = _invariants(traces, doc, names, p)

@@ -65,12 +65,19 @@ class RepairReport:
     violations_before: int = 0
     violations_after: int = 0
     notes: list[str] = field(default_factory=list)
+    # input rows modified or deleted (indices into the trace given to repair)
+    touched: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False, compare=False)
 
     @property
     def changed(self) -> int:
         """Events inserted, deleted or with any column changed (a shifted timestamp alone does not count;
         a clamped gap does)."""
         return self.modified + self.inserted + self.deleted
+
+    @property
+    def edit_rate(self) -> float:
+        """Events changed (modified, inserted or deleted) / events in."""
+        return self.fraction_changed
 
     @property
     def fraction_changed(self) -> float:
@@ -88,6 +95,7 @@ class RepairReport:
             "modified": self.modified,
             "changed": self.changed,
             "fraction_changed": self.fraction_changed,
+            "edit_rate": self.edit_rate,
             "dropped_in_fallback": self.dropped_in_fallback,
             "violations_before": self.violations_before,
             "violations_after": self.violations_after,
@@ -480,11 +488,11 @@ def repair_trace(
     remaining = before
     while remaining and rounds < max_rounds:
         rounds += 1
+        _fix_cpus(s, fixes, rng)
         _fix_pairing(s, fixes, rng)
         _insert_missing(s, fixes, rng)
         _fix_transitions(s, fixes, rng)
         _fix_values(s, fixes, rng)
-        _fix_cpus(s, fixes, rng)
         _fix_time(s, fixes)
         remaining = _violations(s)
     dropped = 0
@@ -575,6 +583,9 @@ def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, droppe
         any_col |= v
     inserted = int((~kept).sum())
     deleted = a0.n - int(kept.sum())
+    gone = np.ones(a0.n, dtype=bool)
+    gone[o] = False
+    touched = np.union1d(np.flatnonzero(gone), o[any_col])
     return RepairReport(
         events_in=a0.n,
         events_out=s.n,
@@ -584,6 +595,7 @@ def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, droppe
         inserted=inserted,
         deleted=deleted,
         modified=int(any_col.sum()),
+        touched=touched,
         dropped_in_fallback=dropped,
         violations_before=before,
         violations_after=0,

@@ -262,7 +262,9 @@ def read_lttng(path: str | Path) -> Trace:
     arrays.append(dict_column(column("comm"), comms))
     has_ret = column("has_ret")
     arrays.append(pa.array(column("ret"), type=pa.int64(), mask=~has_ret))
-    return normalise_legacy_syscalls(Trace(pa.table(arrays, schema=SCHEMA), _trace_metadata(path, info), validate=False))
+    return normalise_legacy_syscalls(
+        Trace(pa.table(arrays, schema=SCHEMA), _trace_metadata(path, info), validate=False)
+    )
 
 
 def _trace_metadata(path: Path, info: dict[str, Any]) -> dict[str, Any]:
