@@ -21,9 +21,11 @@ Learned rules are candidates first, then calibrated:
   bucket seen, so a read of 3000 bytes is fine when 2000 and 5000 were seen.
 * **Calibration**: the last calibration_fraction of each training trace is held out; every
   candidate mined on the block before it is checked there, per context. An entry is enforced
-  when it is supported and its false-positive rate there is at most max_fp_rate (a context first
-  seen in the held-out block cannot be calibrated and stays open). The stored sets and bounds are
-  then mined from all of the training data.
+  when it is supported and its false-positive rate there, counted with one more error than seen
+  ((violations + 1) / (applies + 1)), is at most max_fp_rate: a rule must have applied about
+  1 / max_fp_rate times without error to show it errs that rarely. A context first seen in the
+  held-out block cannot be calibrated and stays open. The stored sets and bounds are then mined
+  from all of the training data (so they also cover the held-out block).
 * **Invariants** (syscall entry/exit pairing per thread, one thread per CPU between two
   sched_switch, a thread current on one CPU at a time, non-decreasing time, errno range) are
   kernel facts and always enforced. The data decides only the details: which syscalls never

@@ -1,23 +1,30 @@
-"""Constraint-guided repair: fix each violation by sampling from what the rules allow.
+"""Constraint-guided repair: fix each violation with the smallest edit the rules allow.
 
+Only events that break a rule are edited (a transition is broken by its pair, so either side may
+change); a clean trace comes back unchanged. The report gives the edit rate: events modified,
+inserted or deleted / events in (`RepairReport.touched` lists the input rows modified or deleted).
 One round applies, in order (each step re-detects on the current arrays, all vectorised):
 
-1. syscall pairing: a wrong exit becomes the exit of the open call; an entry while a call is
+1. threads on CPUs: an event on a CPU its pinned thread / command never uses moves to one it
+   does; a thread showing up on a CPU while still current on another gets one sched_switch on
+   the old CPU that ends its stay there; a CPU scheduling segment holding several threads is
+   split by one inserted sched_switch per change of thread where that is fewer edits than
+   retagging the other threads' events (their tid and command take the segment owner's);
+2. syscall pairing: a wrong exit becomes the exit of the open call; an entry while a call is
    open gets that call's exit inserted just before it; an exit with no open entry is dropped;
-2. impossible successors (global and per thread): where some type may sit between the
+3. impossible successors (global and per thread): where some type may sit between the
    predecessor and the event (a dropped event), it is inserted; otherwise the event type is
    resampled from the successors of its predecessor (weighted by the mined counts), restricted to
    what the thread's previous event allows and to types the next event may follow (a correctly
    paired syscall event keeps its type and its predecessor is resampled instead; an event no
    allowed type can replace is dropped);
-3. return values resampled from the valid symbols of the event type (null where it has none),
+4. return values resampled from the valid symbols of the event type (null where it has none),
    commands resampled from those seen issuing the event type;
-4. CPUs: an event moves to a CPU its thread / command was seen on; an event running on a CPU
-   while its thread is still current on another moves to that one; an event of the wrong thread
-   inside a CPU's scheduling segment takes the segment's thread;
 5. time: each gap is clamped into the intersection of its event and transition bounds and the
-   timestamps are recomputed from the gaps (so time stays non-decreasing).
+   timestamps are recomputed from the gaps (so time stays non-decreasing; later events keep
+   their gaps, so only the clamped event counts as changed).
 
+Inserted rows take the previous row's time, so the gap before the next original event is kept.
 Rounds repeat until nothing is violated (a fix may create a new violation: a resampled event
 type may not pair). After max_rounds the remaining violators are dropped (a call left open goes
 by its entry), round by round, with only length-preserving fixes in between; the trace shrinks
