@@ -192,7 +192,7 @@ def _row(rule: str, enforced: int, applies: int, bad: int, calibrated: bool) -> 
         "enforced": enforced,
         "calibration_applies": applies,
         "calibration_violations": bad,
-        "fp_rate": _rate(bad, applies) if calibrated else None,
+        "fp_rate": _rate(bad, applies) if calibrated and applies else None,  # None: nothing to measure
     }
 
 

@@ -27,7 +27,7 @@ Layout (keys sorted on save):
     rules                             per rule: kind, enforced entries, calibrated false-positive rate
 
 Every learned entry also has supported (enough data), calibration {applies, violations, fp_rate}
-and enforced (supported and fp_rate within params.max_fp_rate).
+and enforced (supported, and (violations + 1) / (applies + 1) <= params.max_fp_rate when calibrated).
 """
 
 from __future__ import annotations
