@@ -121,8 +121,7 @@ def _calibrate(candidate: dict[str, Any], held: Sequence[Trace]) -> dict[str, di
     rules = Rules(forced)
     out: dict[str, dict[str, Counter]] = {r: {"applies": Counter(), "violations": Counter()} for r in DETECTORS}
     for t in held:
-        ev_codes, ev_vocab = t.codes("event")
-        c = compile_rules(rules, ev_vocab, t.codes("comm")[1])
+        c = compile_rules(rules, t.codes("event")[1], t.codes("comm")[1])
         a = TraceArrays(t, rules, c)
         for rule, det in DETECTORS.items():
             idx, key = rule_contexts(a, rule)
