@@ -58,9 +58,14 @@ def trace() -> Trace:
     return make_trace()
 
 
+# the toy trace is small: a learned rule must apply about 1 / max_fp_rate times in the held-out
+# calibration block to show its error rate is that low, so the toy rules accept 1%
+TOY = {"max_fp_rate": 0.01}
+
+
 @pytest.fixture(scope="module")
 def rules(trace: Trace) -> Rules:
-    return mine_rules([trace])
+    return mine_rules([trace], TOY)
 
 
 def _replace(trace: Trace, **cols: object) -> Trace:
@@ -70,7 +75,7 @@ def _replace(trace: Trace, **cols: object) -> Trace:
 def test_mining_learns_the_structure(rules: Rules) -> None:
     d = rules.doc
     inv = d["invariants"]
-    assert inv["syscall_pairing"]["enforced"] and inv["syscall_pairing"]["violations"] == 0
+    assert inv["syscall_pairing"]["enforced"] and inv["syscall_pairing"]["training_violations"] == 0
     assert inv["sched_consistency"]["enforced"] and inv["sched_consistency"]["convention"] == "prev"
     assert inv["one_cpu"]["enforced"]
     thread = d["transitions"]["thread"]
@@ -80,14 +85,15 @@ def test_mining_learns_the_structure(rules: Rules) -> None:
     assert ret["presence"] == "present" and ret["enforced"]
     assert "-11" in ret["symbols"] and "2^12" in ret["symbols"] and "-2" not in ret["allowed"]
     assert d["values"]["ret"]["sched_switch"]["presence"] == "null"
-    assert d["cpu"]["comm"]["app"]["runs"].keys() == {"0"} and d["cpu"]["comm"]["app"]["enforced"]
+    # no thread ever moves in the toy trace, so nothing shows that "app" is pinned to CPU 0
+    assert d["cpu"]["comm"]["app"]["runs"].keys() == {"0"} and not d["cpu"]["comm"]["app"]["enforced"]
     b = d["dt"]["event"]["syscall_exit_close"]
     assert b["enforced"] and b["lo"] <= b["min"] and b["hi"] >= b["max"]
 
 
 def test_real_trace_passes_its_own_rules_and_a_held_out_block(trace: Trace) -> None:
     train, _, test = split_by_time(trace)
-    rules = mine_rules([train])
+    rules = mine_rules([train], TOY)
     assert check_trace(train, rules).total == 0
     held_out = check_trace(test, rules)
     assert held_out.rate <= 0.005, held_out.counts
@@ -140,7 +146,7 @@ def test_each_rule_catches_its_corruption(trace: Trace, rules: Rules) -> None:
     i = int(np.flatnonzero(trace.numeric("tid") == 100)[5])
     cpu[i] = 1
     rep = check_trace(_replace(trace, cpu=cpu), rules)
-    assert rep.counts["cpu.comm"] >= 1 and rep.counts["sched.consistency"] >= 1 and rep.counts["sched.one_cpu"] >= 1
+    assert rep.counts["sched.consistency"] >= 1 and rep.counts["sched.one_cpu"] >= 1
     # a huge gap
     ts = trace.ts.copy()
     ts[100:] += 10**9

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from atomicio import atomic_path
 from tracesynth.cli.app import app, console
+from tracesynth.constraints import Rules, check_trace, mine_rules, repair_trace
 from tracesynth.errors import TraceSynthError
 from tracesynth.io import read_trace
 from tracesynth.splits import split_by_time
@@ -32,8 +33,8 @@ def mine(
         1.0, "--train-fraction", help="Mine from the first fraction (in time) of each trace, e.g. 0.8."
     ),
 ) -> None:
-    """Learn rules (transitions, time bounds, CPU affinity, value sets, invariants) from real traces."""
-    from tracesynth.constraints import mine_rules
+    """Learn rules from real traces: kernel invariants (always enforced) and learned rules (transitions,
+    time bounds, CPU affinity, value sets), each calibrated on a later held-out block."""
 
     if not 0 < train_fraction <= 1:
         raise TraceSynthError(f"--train-fraction must be in (0, 1], got {train_fraction}")
@@ -51,12 +52,29 @@ def mine(
     rules = mine_rules(traces)
     rules.save(output)
     out = Console()
-    summary = rules.summary()
-    table = Table("rule", "enforced", box=None, pad_edge=False)
-    for name, n in summary.items():
-        table.add_row(name, f"{n:,}")
-    out.print(f"[bold]{output}[/]: rules from {sum(len(t) for t in traces):,} events in {len(traces)} trace(s)")
-    out.print(table)
+    calibrated = rules.doc["source"].get("calibration_events", 0)
+    out.print(
+        f"[bold]{output}[/]: rules from {sum(len(t) for t in traces):,} events in {len(traces)} trace(s); "
+        f"learned rules calibrated on the last {rules.params['calibration_fraction']:.0%} of each trace "
+        f"({calibrated:,} events, enforced where the false-positive rate there is at most "
+        f"{rules.params['max_fp_rate']:.2%})"
+    )
+    out.print(rule_table(rules))
+
+
+def rule_table(rules: Rules) -> Table:
+    """One row per rule: its kind, enforced entries and calibrated false-positive rate."""
+    table = Table("rule", "kind", "enforced", "calibrated on", "calibrated FP", box=None, pad_edge=False)
+    for name, row in rules.rule_table().items():
+        fp = row["fp_rate"]
+        table.add_row(
+            name,
+            row["kind"],
+            f"{row['enforced']:,}",
+            f"{row['calibration_applies']:,} events",
+            "n/a" if fp is None else f"{fp:.3%}",
+        )
+    return table
 
 
 @constraints_app.command("check")
@@ -66,12 +84,11 @@ def check(
     json_out: Path | None = typer.Option(None, "--json", help="Also write the report as JSON here."),
 ) -> None:
     """Count violations per rule, with the first examples (event index, found, expected)."""
-    from tracesynth.constraints import Rules, check_trace
 
     rules = Rules.load(rules_path)
     trace = read_trace(trace_path)
     report = check_trace(trace, rules)
-    Console().print(report.table(title=str(trace_path)))
+    Console().print(report.table(title=f"{trace_path} (rules: {rules_path})"))
     if json_out is not None:
         with atomic_path(json_out) as tmp:
             tmp.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
@@ -84,8 +101,7 @@ def repair(
     output: Path = typer.Option(..., "-o", "--output", help="Repaired trace to write (Parquet)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the values sampled by the repair."),
 ) -> None:
-    """Fix every violation of the rules by sampling from what they allow; report what changed."""
-    from tracesynth.constraints import Rules, check_trace, repair_trace
+    """Fix every violation with the smallest edit the rules allow; report the edit rate."""
 
     rules = Rules.load(rules_path)
     trace = read_trace(trace_path)
@@ -100,7 +116,7 @@ def repair(
             table.add_row(name, f"{n:,}")
     out.print(
         f"[bold]{output}[/]: {rep.violations_before:,} violations -> {after.total:,}; "
-        f"{rep.changed:,} of {rep.events_in:,} events changed ({rep.fraction_changed:.2%}: "
+        f"{rep.changed:,} of {rep.events_in:,} events changed (edit rate {rep.edit_rate:.2%}: "
         f"{rep.modified:,} modified, {rep.inserted:,} inserted, {rep.deleted:,} deleted) in {rep.rounds} round(s)"
     )
     out.print("columns changed: " + ", ".join(f"{k} {v:,}" for k, v in rep.columns.items()))

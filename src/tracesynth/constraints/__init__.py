@@ -1,5 +1,6 @@
-"""Constraints mined from real traces: a readable Rules document, a vectorised checker and a
-repairer that fixes violations by sampling from what the rules allow.
+"""Constraints mined from real traces: a readable Rules document (kernel invariants, always
+enforced, and learned rules calibrated on a held-out later block), a vectorised checker and a
+repairer that fixes each violation with the smallest edit the rules allow.
 
     rules = mine_rules([trace, ...]); rules.save("rules.json")
     report = check_trace(synthetic, rules); report.rate, report.to_dict()

@@ -16,23 +16,19 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from tracesynth.constraints.rules import Compiled, Rules, compile_rules, ret_keys, ret_symbols, symbol_name
+from tracesynth.constraints.rules import (
+    RULES,
+    Compiled,
+    Rules,
+    compile_rules,
+    kind_of,
+    ret_keys,
+    ret_symbols,
+    symbol_name,
+)
+from tracesynth.events import MAX_ERRNO
 from tracesynth.trace import Trace
 
-RULES = (
-    "transition.global",
-    "transition.thread",
-    "dt.event",
-    "dt.transition",
-    "cpu.comm",
-    "cpu.tid",
-    "ret.value",
-    "comm.value",
-    "syscall.pairing",
-    "sched.consistency",
-    "sched.one_cpu",
-    "time.monotonic",
-)
 DESCRIPTIONS = {
     "transition.global": "event type may follow the previous event (any thread)",
     "transition.thread": "event type may follow the thread's previous event",
@@ -46,6 +42,7 @@ DESCRIPTIONS = {
     "sched.consistency": "between two sched_switch on a CPU, its events belong to one thread",
     "sched.one_cpu": "a thread is current on one CPU at a time",
     "time.monotonic": "time does not decrease",
+    "ret.errno": f"a syscall's negative return is an errno (-{MAX_ERRNO}..-1)",
 }
 N_EXAMPLES = 5
 _NONE = -1
@@ -107,9 +104,14 @@ class TraceArrays:
         c = self.c
         valid = self.cpu >= 0
         idx = np.flatnonzero(valid)
-        order = idx[np.argsort(self.cpu[idx], kind="stable")]
+        order = idx[np.argsort(_small_codes(self.cpu[idx]), kind="stable")]
         cpu_s = self.cpu[order]
-        sw = self.ev[order] == c.switch_code if c.switch_code >= 0 else np.zeros(len(order), bool)
+        ev_s = self.ev[order]
+        sw = ev_s == c.switch_code if c.switch_code >= 0 else np.zeros(len(order), bool)
+        if c.sched_convention == "prev" and c.process_exit_code >= 0:
+            # a thread's exit ends its stay too (a recorder that follows only some tasks may miss
+            # the dead task's last switch)
+            sw |= ev_s == c.process_exit_code
         new_cpu = np.ones(len(order), dtype=bool)
         new_cpu[1:] = cpu_s[1:] != cpu_s[:-1]
         start = new_cpu.copy()
@@ -142,13 +144,25 @@ class TraceArrays:
         return idx, np.where(prev >= 0, idx[np.maximum(prev, 0)], -1)
 
 
+def _small_codes(keys: np.ndarray) -> np.ndarray:
+    """Keys as small unsigned codes in the same order: numpy sorts 16-bit integers stably by radix,
+    several times faster than 64-bit ones (tids and CPUs of one trace span a narrow range)."""
+    if not len(keys):
+        return keys
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo < 1 << 16:
+        return (keys - lo).astype(np.uint16)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    return inv.astype(np.uint16 if len(uniq) <= 1 << 16 else np.int64)
+
+
 def _prev_in_group(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """For each position, the previous position with the same key (-1 if none or not valid)."""
     out = np.full(len(keys), -1, dtype=np.int64)
     idx = np.flatnonzero(valid)
     if len(idx) < 2:
         return out
-    order = idx[np.argsort(keys[idx], kind="stable")]
+    order = idx[np.argsort(_small_codes(keys[idx]), kind="stable")]
     k = keys[order]
     same = k[1:] == k[:-1]
     out[order[1:][same]] = order[:-1][same]
@@ -281,8 +295,6 @@ def _syscall_pairing(a: TraceArrays) -> Found:
     """found: the event; expected: the exit code of the open call (entry while open, wrong exit),
     or -1 for an exit with no open entry."""
     c = a.c
-    if not c.pairing:
-        return _empty("syscall.pairing")
     idx, prev = a.syscall_prev
     has = prev >= 0
     e = a.ev[idx]
@@ -301,7 +313,7 @@ def _syscall_pairing(a: TraceArrays) -> Found:
 def _sched_consistency(a: TraceArrays) -> Found:
     """expected: the thread that owns the CPU segment (its most frequent tid)."""
     c = a.c
-    if not c.sched or c.switch_code < 0:
+    if c.switch_code < 0:
         return _empty("sched.consistency")
     order, seg, _ = a.cpu_segments
     tid = a.tid[order]
@@ -309,15 +321,22 @@ def _sched_consistency(a: TraceArrays) -> Found:
     if not v.any():
         return _empty("sched.consistency")
     s, t = seg[v], tid[v]
-    uniq, inv = np.unique(t, return_inverse=True)
-    key = s * len(uniq) + inv
-    keys, counts = np.unique(key, return_counts=True)
-    kseg = keys // len(uniq)
-    pick = np.lexsort((-counts, kseg))  # by segment, most frequent first (ties: smallest tid)
-    first = np.ones(len(pick), dtype=bool)
-    first[1:] = kseg[pick][1:] != kseg[pick][:-1]
     owner_of_seg = np.full(int(seg.max()) + 1, -1, dtype=np.int64)
-    owner_of_seg[kseg[pick][first]] = uniq[keys[pick][first] % len(uniq)]
+    # most segments hold one thread; only the mixed ones need the most frequent tid
+    first = np.ones(len(s), dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    owner_of_seg[s[first]] = t[first]
+    mixed = np.unique(s[t != owner_of_seg[s]])
+    if len(mixed):
+        m = np.isin(s, mixed)
+        ms, mt = s[m], t[m]
+        uniq, inv = np.unique(mt, return_inverse=True)
+        keys, counts = np.unique(ms * len(uniq) + inv, return_counts=True)
+        kseg = keys // len(uniq)
+        pick = np.lexsort((-counts, kseg))  # by segment, most frequent first (ties: smallest tid)
+        top = np.ones(len(pick), dtype=bool)
+        top[1:] = kseg[pick][1:] != kseg[pick][:-1]
+        owner_of_seg[kseg[pick][top]] = uniq[keys[pick][top] % len(uniq)]
     expected = owner_of_seg[s]
     badpos = np.flatnonzero(t != expected)
     idx = order[v][badpos]
@@ -336,7 +355,7 @@ def thread_current_until(a: TraceArrays) -> np.ndarray:
 def _one_cpu(a: TraceArrays) -> Found:
     """found: the CPU the thread appears on; expected: the CPU where it is still current."""
     c = a.c
-    if not c.one_cpu:
+    if c.switch_code < 0:  # without sched_switch nothing says when a thread stops being current
         return _empty("sched.one_cpu")
     prev = a.thread_prev
     i = np.flatnonzero(prev >= 0)
@@ -354,10 +373,15 @@ def _one_cpu(a: TraceArrays) -> Found:
 
 
 def _monotonic(a: TraceArrays) -> Found:
-    if a.n < 2 or not a.c.monotonic:
+    if a.n < 2:
         return _empty("time.monotonic")
     bad = np.flatnonzero(a.dt < 0) + 1
     return Found("time.monotonic", bad, a.ts[bad], a.ts[bad - 1])
+
+
+def _ret_errno(a: TraceArrays) -> Found:
+    bad = np.flatnonzero(a.c.is_syscall_exit[a.ev] & a.has_ret & (a.ret < -MAX_ERRNO))
+    return Found("ret.errno", bad, a.ret[bad], a.ev[bad])
 
 
 def _empty(rule: str) -> Found:
@@ -378,11 +402,50 @@ DETECTORS: dict[str, Callable[[TraceArrays], Found]] = {
     "sched.consistency": _sched_consistency,
     "sched.one_cpu": _one_cpu,
     "time.monotonic": _monotonic,
+    "ret.errno": _ret_errno,
 }
 
 
 def detect_all(a: TraceArrays) -> dict[str, Found]:
-    return {name: det(a) for name, det in DETECTORS.items()}
+    return {name: det(a) for name in RULES for det in (DETECTORS[name],)}
+
+
+def rule_contexts(a: TraceArrays, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """(event indices a rule applies to, the context key of each): the predecessor's type for
+    transitions, the event type for gaps and values, the (previous, event) pair for transition
+    gaps, the command / thread for CPU sets; 0 for an invariant. Used to calibrate each entry."""
+    c = a.c
+    n = a.n
+    after_first = np.arange(1, n, dtype=np.int64)
+    if rule == "transition.global":
+        return after_first, a.ev[:-1]
+    if rule == "transition.thread":
+        i = np.flatnonzero(a.thread_prev >= 0)
+        return i, a.ev[a.thread_prev[i]]
+    if rule == "dt.event":
+        return after_first, a.ev[1:]
+    if rule == "dt.transition":
+        return after_first, a.ev[:-1] * len(c.names) + a.ev[1:]
+    if rule == "cpu.comm":
+        i = np.flatnonzero((a.cpu >= 0) & (a.comm >= 0))
+        return i, a.comm[i]
+    if rule == "cpu.tid":
+        i = np.flatnonzero((a.cpu >= 0) & (a.tid >= 0))
+        return i, a.tid[i]
+    if rule == "ret.value":
+        return np.arange(n, dtype=np.int64), a.ev
+    if rule == "comm.value":
+        i = np.flatnonzero((a.comm >= 0) & (a.comm < c.n_known_comms))
+        return i, a.ev[i]
+    if rule == "syscall.pairing":
+        i = a.syscall_prev[0]
+    elif rule in ("sched.consistency", "sched.one_cpu"):
+        i = np.flatnonzero((a.cpu >= 0) & (a.tid >= 0)) if c.switch_code >= 0 else np.zeros(0, np.int64)
+    elif rule == "ret.errno":
+        i = np.flatnonzero(c.is_syscall_exit[a.ev] & a.has_ret)
+    else:
+        i = np.arange(n, dtype=np.int64)
+    return i, np.zeros(len(i), dtype=np.int64)
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -441,6 +504,8 @@ def _describe(a: TraceArrays, f: Found, j: int) -> tuple[str, str]:
         return f"tid {a.tid[i]} on CPU {int(fv)}", f"CPU {int(ev)} (still current there, no sched_switch yet)"
     if r == "time.monotonic":
         return f"ts {int(fv)}", f">= {int(ev)}"
+    if r == "ret.errno":
+        return f"{c.names[ev]} returned {int(fv)}", f">= -{MAX_ERRNO} (an errno) or a non-negative value"
     return str(fv), str(ev)
 
 
@@ -452,6 +517,7 @@ class CheckReport:
     counts: dict[str, int]
     examples: dict[str, list[dict[str, Any]]]
     violating_events: int
+    calibration: dict[str, dict[str, Any]] = field(default_factory=dict)  # Rules.rule_table()
 
     @property
     def total(self) -> int:
@@ -470,7 +536,13 @@ class CheckReport:
             "violating_events": self.violating_events,
             "rate": self.rate,
             "rules": {
-                r: {"violations": self.counts[r], "description": DESCRIPTIONS[r], "examples": self.examples[r]}
+                r: {
+                    "kind": kind_of(r),
+                    "calibrated_fp_rate": self.calibration.get(r, {}).get("fp_rate"),
+                    "violations": self.counts[r],
+                    "description": DESCRIPTIONS[r],
+                    "examples": self.examples[r],
+                }
                 for r in RULES
             },
         }
@@ -479,6 +551,8 @@ class CheckReport:
         """A rich table: one row per rule, with the first example."""
         t = Table(title=title, show_lines=False)
         t.add_column("rule")
+        t.add_column("kind")
+        t.add_column("calibrated FP", justify="right")
         t.add_column("violations", justify="right")
         t.add_column("share", justify="right")
         t.add_column("first example (event: found -> expected)")
@@ -487,9 +561,13 @@ class CheckReport:
             ex = self.examples[r]
             first = f"#{ex[0]['index']}: {ex[0]['found']} -> {ex[0]['expected']}" if ex else ""
             style = "red" if n else "green"
-            t.add_row(r, f"[{style}]{n:,}[/]", f"{n / max(1, self.events):.3%}", first)
+            fp = self.calibration.get(r, {}).get("fp_rate")
+            fp_text = "n/a" if fp is None else f"{fp:.3%}"
+            t.add_row(r, kind_of(r), fp_text, f"[{style}]{n:,}[/]", f"{n / max(1, self.events):.3%}", first)
         t.add_row(
             "[bold]any[/]",
+            "",
+            "",
             f"[bold]{self.violating_events:,}[/]",
             f"[bold]{self.rate:.3%}[/]",
             f"of {self.events:,} events",
@@ -497,7 +575,9 @@ class CheckReport:
         return t
 
 
-def report_from(a: TraceArrays, found: dict[str, Found], n_examples: int = N_EXAMPLES) -> CheckReport:
+def report_from(
+    a: TraceArrays, found: dict[str, Found], n_examples: int = N_EXAMPLES, calibration: dict | None = None
+) -> CheckReport:
     counts = {r: int(len(found[r].idx)) for r in RULES}
     examples: dict[str, list[dict[str, Any]]] = {}
     for r in RULES:
@@ -510,10 +590,10 @@ def report_from(a: TraceArrays, found: dict[str, Found], n_examples: int = N_EXA
     any_bad = np.zeros(a.n, dtype=bool)
     for f in found.values():
         any_bad[f.idx] = True
-    return CheckReport(a.n, counts, examples, int(any_bad.sum()))
+    return CheckReport(a.n, counts, examples, int(any_bad.sum()), dict(calibration or {}))
 
 
 def check_trace(trace: Trace, rules: Rules) -> CheckReport:
     """Count violations of every rule in a trace (vectorised), with the first few examples."""
     a = TraceArrays(trace, rules)
-    return report_from(a, detect_all(a))
+    return report_from(a, detect_all(a), calibration=rules.rule_table())

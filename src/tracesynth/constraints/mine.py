@@ -1,86 +1,212 @@
-"""Mine constraints from real traces (nothing hand-written: every rule and its bounds come from data).
+"""Mine constraints from real traces (nothing hand-written: every learned rule and its bounds come from data).
 
-What generalises (held-out real data must pass almost cleanly) decides when a rule is enforced:
+Learned rules are candidates first, then calibrated:
 
-* **Sets** (successors of an event type, return-value symbols of a type, commands issuing a type,
-  CPUs of a command or thread) are enforced only where the data has seen enough of the context
-  to be confident that what was never seen is really impossible. The test is the Good-Turing
-  estimate of the probability mass of unseen values, smoothed by one:
-  ``missing_mass = (n1 + 1) / (n + 1)`` where n is the context's observations and n1 the number of
-  values seen exactly once. A set is enforced when n >= min_support and missing_mass <= the
-  threshold; the others stay in the document (with their counts) but are not checked.
+* **Sets** (successors of an event type, return-value symbols of a type, commands issuing a type)
+  are *supported* where the data has seen enough of the context to be confident that what was
+  never seen is really impossible. The test is the Good-Turing estimate of the probability mass
+  of unseen values, smoothed by one: ``missing_mass = (n1 + 1) / (n + 1)`` where n is the
+  context's observations and n1 the number of values seen exactly once. Commands are counted by
+  thread (a thread is one observation however many events it issues), so a few processes never
+  make a closed set.
+* **CPU affinity** is supported only where the data shows pinning: over all threads, a reschedule
+  moves to another CPU with probability p_move; a thread rescheduled r times that stayed inside
+  s of the n CPUs would do so unpinned with probability (1 - p_move (n - s) / (n - 1))^r. Below
+  pin_alpha it is pinned (per-CPU kernel threads); a thread that merely stayed is not.
 * **Time bounds** on the gap before an event (per type, and per (previous, event) transition
   with more support) cover every gap seen in training, widened in log space to ``[q_lo / margin,
   q_hi * margin]`` where q_lo, q_hi are the dt_quantile tails.
 * **Return values** are symbols: 0, each errno exactly (-4095..-1) and other values by log2
   bucket ([2^k, 2^(k+1))); the allowed set also fills the gaps between the smallest and largest
   bucket seen, so a read of 3000 bytes is fine when 2000 and 5000 were seen.
+* **Calibration**: the last calibration_fraction of each training trace is held out; every
+  candidate mined on the block before it is checked there, per context. An entry is enforced
+  when it is supported and its false-positive rate there, counted with one more error than seen
+  ((violations + 1) / (applies + 1)), is at most max_fp_rate: a rule must have applied about
+  1 / max_fp_rate times without error to show it errs that rarely. A context first seen in the
+  held-out block cannot be calibrated and stays open. The stored sets and bounds are then mined
+  from all of the training data (so they also cover the held-out block).
 * **Invariants** (syscall entry/exit pairing per thread, one thread per CPU between two
-  sched_switch, a thread current on one CPU at a time, non-decreasing time) are checked on the
-  training data itself with the same detectors the checker uses; an invariant is enforced when it
-  holds for all but invariant_max_violation of the events it applies to. The data also decides
-  the details: which syscalls never return (exit_group), whether the reader puts a sched_switch
-  on the outgoing or the incoming thread, which threads (idle, tid 0) are current on many CPUs.
+  sched_switch, a thread current on one CPU at a time, non-decreasing time, errno range) are
+  kernel facts and always enforced. The data decides only the details: which syscalls never
+  return (exit_group), whether the reader puts a sched_switch on the outgoing or the incoming
+  thread, which threads besides the idle task are current on many CPUs (a reader artefact).
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from math import lgamma
 from typing import Any
 
 import numpy as np
 
+from tracesynth.constraints.check import DETECTORS, TraceArrays, _prev_in_group, rule_contexts
 from tracesynth.constraints.rules import (
     _POS_BASE,
     FORMAT,
-    SCHED_SWITCH,
-    SYSCALL_ENTRY,
-    SYSCALL_EXIT,
+    INVARIANTS,
+    LEARNED,
     VERSION,
     Rules,
+    compile_rules,
+    kind_of,
     ret_symbols,
     symbol_name,
 )
 from tracesynth.errors import TraceSynthError
+from tracesynth.events import IDLE_TID, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
+from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
 
 DEFAULT_PARAMS: dict[str, Any] = {
-    "min_support": 50,  # observations of a context before its set is enforced
+    "min_support": 50,  # observations of a context before its set is supported
     "max_missing_mass": 0.01,  # Good-Turing (n1+1)/(n+1) above this: the set stays open
-    "dt_min_support": 50,  # gaps of an event type before its time bounds are enforced
+    "dt_min_support": 50,  # gaps of an event type before its time bounds are supported
     "dt_transition_min_support": 500,  # gaps of a (previous, event) pair for its own bounds
     "dt_quantile": 0.001,  # tails used for the bounds (then widened by dt_margin)
     "dt_margin": 4.0,  # bounds are [q_lo / margin, q_hi * margin], always covering what was seen
-    "cpu_min_runs": 20,  # runs (stays on one CPU) of a command / thread before its CPU set is enforced
-    "cpu_max_missing_mass": 0.05,
-    "invariant_max_violation": 0.002,  # an invariant is enforced when it holds this well in training
+    "pin_alpha": 0.001,  # CPU set enforced when an unpinned thread would stay inside it this rarely
+    "calibration_fraction": 0.3,  # later block of each training trace held out to calibrate rules
+    "calibration_min_events": 500,  # shorter blocks are not held out (the trace is all fit)
+    "max_fp_rate": 0.001,  # a learned entry is enforced when it errs at most this often there
     "unpaired_min_closed": 0.5,  # a syscall whose entries are closed by its exit less often never returns
 }
 
 
-def _fmt_int(x: float) -> int:
-    return int(x)
-
-
 def mine_rules(traces: Sequence[Trace], params: Mapping[str, Any] | None = None) -> Rules:
-    """Learn Rules from real traces (each trace is one contiguous recording)."""
+    """Learn Rules from real traces (each trace is one contiguous recording, in time order)."""
     p = dict(DEFAULT_PARAMS)
     p.update(params or {})
     traces = [t for t in traces if len(t)]
     if not traces:
         raise TraceSynthError("no events to mine rules from")
-
-    # one vocabulary over all traces
     names = sorted({n for t in traces for n in t.codes("event")[1]})
     comms = sorted({n for t in traces for n in t.codes("comm")[1]})
+    doc = _mine_doc(traces, names, comms, p)
+    fit, held = _calibration_split(traces, p)
+    stats = candidate = None
+    if held:
+        candidate = _mine_doc(fit, names, comms, p)
+        stats = _calibrate(candidate, held)
+    doc["rules"] = _settle(doc, candidate, stats, p)
+    doc["source"]["calibration_events"] = int(sum(len(t) for t in held))
+    return Rules(doc)
+
+
+def _calibration_split(traces: Sequence[Trace], p: Mapping[str, Any]) -> tuple[list[Trace], list[Trace]]:
+    """Each trace's first (1 - calibration_fraction) to fit, its last block held out."""
+    f = float(p["calibration_fraction"])
+    fit, held = [], []
+    for t in traces:
+        if 0 < f < 1 and len(t) * f >= p["calibration_min_events"]:
+            a, b = split_by_time(t, (1 - f, f))
+            fit.append(a)
+            held.append(b)
+        else:
+            fit.append(t)
+    return fit, held
+
+
+def _calibrate(candidate: dict[str, Any], held: Sequence[Trace]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Check every candidate entry (all enforced, supported or not) on the held-out blocks:
+    per rule, context name -> (events it applied to, violations)."""
+    forced = copy.deepcopy(candidate)
+    for section, sub in LEARNED.values():
+        for e in forced[section][sub].values():
+            e["enforced"] = bool(e.get("valid", True))
+    rules = Rules(forced)
+    out: dict[str, dict[str, Counter]] = {r: {"applies": Counter(), "violations": Counter()} for r in DETECTORS}
+    for t in held:
+        c = compile_rules(rules, t.codes("event")[1], t.codes("comm")[1])
+        a = TraceArrays(t, rules, c)
+        for rule, det in DETECTORS.items():
+            idx, key = rule_contexts(a, rule)
+            key_at = np.full(a.n, -1, dtype=np.int64)
+            key_at[idx] = key
+            f = det(a)
+            for what, keys in (("applies", key), ("violations", key_at[f.idx])):
+                u, cnt = np.unique(keys, return_counts=True)
+                for k, v in zip(u.tolist(), cnt.tolist(), strict=True):
+                    out[rule][what][_context_name(rule, k, c)] += v
+    return {r: {k: (d["applies"][k], d["violations"][k]) for k in d["applies"]} for r, d in out.items()}
+
+
+def _context_name(rule: str, key: int, c: Any) -> str:
+    """The document key of a rule_contexts key."""
+    if rule in INVARIANTS:
+        return "*"
+    if rule == "dt.transition":
+        V = len(c.names)
+        return f"{c.names[key // V]} -> {c.names[key % V]}"
+    if rule == "cpu.comm":
+        return c.comms[key]
+    if rule == "cpu.tid":
+        return str(key)
+    return c.names[key]
+
+
+def _settle(
+    doc: dict[str, Any],
+    candidate: dict[str, Any] | None,
+    stats: dict[str, dict[str, tuple[int, int]]] | None,
+    p: Mapping[str, Any],
+) -> dict:
+    """Decide each learned entry (supported and calibrated) and summarise every rule."""
+    table: dict[str, Any] = {}
+    for rule, (section, sub) in LEARNED.items():
+        applies = bad = 0
+        n_enforced = 0
+        for ctx, e in doc[section][sub].items():
+            ok = bool(e["supported"]) and bool(e.get("valid", True))
+            if stats is not None and candidate is not None:
+                n_app, n_bad = stats[rule].get(ctx, (0, 0))
+                if ctx in candidate[section][sub]:
+                    e["calibration"] = {"applies": n_app, "violations": n_bad, "fp_rate": _rate(n_bad, n_app)}
+                    ok = ok and n_bad + 1 <= p["max_fp_rate"] * (n_app + 1)
+                else:  # first seen in the held-out block: no candidate to calibrate, so it stays open
+                    e["calibration"] = {"applies": n_app, "violations": None, "fp_rate": None}
+                    ok = False
+            e["enforced"] = ok
+            if ok:
+                n_enforced += 1
+                if stats is not None:
+                    applies += e["calibration"]["applies"]
+                    bad += e["calibration"]["violations"]
+        table[rule] = _row(rule, n_enforced, applies, bad, stats is not None)
+    for rule, key in INVARIANTS.items():
+        inv = doc["invariants"][key]
+        n_app, n_bad = stats[rule].get("*", (0, 0)) if stats is not None else (0, 0)
+        inv["calibration"] = {"applies": n_app, "violations": n_bad, "fp_rate": _rate(n_bad, n_app)}
+        table[rule] = _row(rule, 1, n_app, n_bad, stats is not None)
+    return table
+
+
+def _row(rule: str, enforced: int, applies: int, bad: int, calibrated: bool) -> dict[str, Any]:
+    return {
+        "kind": kind_of(rule),
+        "enforced": enforced,
+        "calibration_applies": applies,
+        "calibration_violations": bad,
+        "fp_rate": _rate(bad, applies) if calibrated and applies else None,  # None: nothing to measure
+    }
+
+
+def _rate(bad: int, applies: int) -> float:
+    return round(bad / applies, 8) if applies else 0.0
+
+
+def _mine_doc(traces: Sequence[Trace], names: list[str], comms: list[str], p: Mapping[str, Any]) -> dict[str, Any]:
+    """The candidate document of some traces over the given vocabularies (no calibration yet)."""
     V = len(names)
     index = {n: i for i, n in enumerate(names)}
     cindex = {n: i for i, n in enumerate(comms)}
-
-    g_keys, t_keys, dts, dt_pairs, ret_ev, ret_sym, ret_all_ev, comm_ev = [], [], [], [], [], [], [], []
-    comm_codes_all, run_tid, run_comm, run_cpu, tid_all = [], [], [], [], []
+    switch = index.get(SCHED_SWITCH, -1)
+    g_keys, t_keys, dts, dt_pairs, ret_ev, ret_sym, ret_all_ev = [], [], [], [], [], [], []
+    comm_units, runs = [], []
     n_cpus = 0
     for t in traces:
         codes, vocab = t.codes("event")
@@ -91,49 +217,26 @@ def mine_rules(traces: Sequence[Trace], params: Mapping[str, Any] | None = None)
         cpu = t.numeric("cpu", -1)
         ret_valid = t.table["ret"].is_valid().to_numpy(zero_copy_only=False)
         ret = t.numeric("ret", 0)
-        ts = t.ts.astype(np.int64)
         n_cpus = max(n_cpus, int(cpu.max()) + 1 if len(cpu) else 0)
-
         g_keys.append(ev[:-1] * V + ev[1:])
         prev = _prev_in_group(tid, tid >= 0)
         has = np.flatnonzero(prev >= 0)
         t_keys.append(ev[prev[has]] * V + ev[has])
-        dts.append(np.diff(ts))
+        dts.append(np.diff(t.ts.astype(np.int64)))
         dt_pairs.append(ev[:-1] * V + ev[1:])
         ret_all_ev.append(ev)
         ret_ev.append(ev[ret_valid])
         ret_sym.append(ret_symbols(ret[ret_valid]))
-        # CPU runs: a thread's stays on one CPU, cut where it moves or is switched out
-        m = (tid >= 0) & (cpu >= 0)
-        idx = np.flatnonzero(m)
-        rp = _prev_in_group(tid[idx], np.ones(len(idx), bool))
-        switch = index.get(SCHED_SWITCH, -1)
-        pidx = idx[np.maximum(rp, 0)]
-        start = (rp < 0) | (cpu[pidx] != cpu[idx]) | (ev[pidx] == switch)
-        s = idx[start]
-        run_tid.append(tid[s])
-        run_comm.append(comm[s])
-        run_cpu.append(cpu[s])
-        # the run each event belongs to (the index of the run's first event); events come in
-        # bursts, so value sets count distinct runs, not events, as their observations
-        unit = np.arange(len(ev), dtype=np.int64)
-        if len(idx):
-            order = np.argsort(tid[idx], kind="stable")
-            first = np.maximum.accumulate(np.where(start[order], np.arange(len(order)), 0))
-            unit[idx[order]] = idx[order][first]
-        no_cpu = (tid >= 0) & (cpu < 0)
-        unit[no_cpu] = -1 - tid[no_cpu]  # without CPUs a thread is one unit
+        runs.append(_runs(ev, tid, cpu, comm, switch))
+        # commands issuing each type, one observation per thread (a thread's events are one unit)
         cm = comm >= 0
-        u, keep = np.unique(np.stack([ev[cm], comm[cm], unit[cm]], axis=1), axis=0, return_index=True)
-        del keep
-        comm_ev.append(u[:, 0])
-        comm_codes_all.append(u[:, 1])
-        tid_all.append(tid)
-
+        comm_units.append(np.unique(np.stack([ev[cm], comm[cm], tid[cm]], axis=1), axis=0))
+    units = np.concatenate(comm_units) if comm_units else np.zeros((0, 3), np.int64)
+    run_tid, run_comm, run_cpu, run_moved = (np.concatenate(x) for x in zip(*runs, strict=True))
     doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
-        "params": p,
+        "params": dict(p),
         "source": {
             "traces": len(traces),
             "events": int(sum(len(t) for t in traces)),
@@ -142,30 +245,70 @@ def mine_rules(traces: Sequence[Trace], params: Mapping[str, Any] | None = None)
         },
         "events": names,
         "comms": comms,
+        "transitions": {
+            "global": _graph(np.concatenate(g_keys), names, p),
+            "thread": _graph(np.concatenate(t_keys), names, p),
+        },
+        "dt": _dt(np.concatenate(dts), np.concatenate(dt_pairs), names, p),
+        "values": {
+            "ret": _ret(np.concatenate(ret_all_ev), np.concatenate(ret_ev), np.concatenate(ret_sym), names, p),
+            "comm": _sets(units[:, 0], units[:, 1], names, comms, p, "counts"),
+        },
     }
-    doc["transitions"] = {
-        "global": _graph(np.concatenate(g_keys), names, p),
-        "thread": _graph(np.concatenate(t_keys), names, p),
-    }
-    doc["dt"] = _dt(np.concatenate(dts), np.concatenate(dt_pairs), names, p)
-    doc["values"] = {
-        "ret": _ret(np.concatenate(ret_all_ev), np.concatenate(ret_ev), np.concatenate(ret_sym), names, p),
-        "comm": _sets(np.concatenate(comm_ev), np.concatenate(comm_codes_all), names, comms, p, "counts"),
-    }
-    rt, rc, rcpu = np.concatenate(run_tid), np.concatenate(run_comm), np.concatenate(run_cpu)
+    keep = run_tid != IDLE_TID  # the idle task is one per CPU: never one thread's affinity
+    stay = _migration_model(run_tid[keep], run_moved[keep])
+    named = run_comm >= 0
     doc["cpu"] = {
         "n_cpus": n_cpus,
-        "comm": _cpu_sets(rc[rc >= 0], rcpu[rc >= 0], comms, n_cpus, p),
-        "tid": _cpu_sets(rt, rcpu, None, n_cpus, p),
+        "migration": stay,
+        "comm": _cpu_sets(run_comm[named], run_cpu[named], run_moved[named], comms, n_cpus, stay, p),
+        "tid": _cpu_sets(run_tid[keep], run_cpu[keep], run_moved[keep], None, n_cpus, stay, p),
     }
     doc["invariants"] = _invariants(traces, doc, names, p)
-    return Rules(doc)
+    return doc
 
 
-def _prev_in_group(keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    from tracesynth.constraints.check import _prev_in_group as impl
+def _migration_model(tid: np.ndarray, moved: np.ndarray, min_resched: int = 10) -> dict[str, float]:
+    """How often threads that may move do move at a reschedule, as a Beta(a, b) over threads (fitted
+    by moments to each thread's share of reschedules that moved): threads differ a lot (a busy one
+    stays on its cache-hot CPU for hundreds of reschedules), so one pooled rate would call a thread
+    that merely stayed pinned."""
+    r = moved >= 0
+    u, inv = np.unique(tid[r], return_inverse=True)
+    n = np.bincount(inv, minlength=len(u))
+    k = np.bincount(inv, weights=moved[r] == 1, minlength=len(u))
+    judged = n >= min_resched
+    pooled = float(k.sum() / n.sum()) if n.sum() else 0.0
+    x = k[judged] / n[judged]
+    m, v = (float(x.mean()), float(x.var())) if len(x) >= 3 else (pooled, 0.0)
+    if 0 < m < 1 and 0 < v < m * (1 - m):
+        common = m * (1 - m) / v - 1
+        return {"a": m * common, "b": (1 - m) * common, "threads": int(judged.sum()), "pooled": pooled}
+    return {"a": 0.0, "b": 0.0, "threads": int(judged.sum()), "pooled": pooled}
 
-    return impl(keys, valid)
+
+def _p_unpinned(model: Mapping[str, float], resched: float, leave_share: float) -> float:
+    """Chance that a thread free to move stays inside its CPU set for `resched` reschedules, when a
+    move leaves the set with probability leave_share: E[(1 - leave_share p)^r] for p ~ Beta(a, b)."""
+    a, b = model["a"], model["b"]
+    r = resched * leave_share
+    if a > 0 and b > 0:
+        return float(np.exp(lgamma(a + b) - lgamma(b) + lgamma(b + r) - lgamma(a + b + r)))
+    return float((1.0 - model["pooled"] * leave_share) ** resched)
+
+
+def _runs(ev: np.ndarray, tid: np.ndarray, cpu: np.ndarray, comm: np.ndarray, switch: int) -> tuple[np.ndarray, ...]:
+    """A thread's stays on one CPU, cut where it moves or is switched out: (tid, comm, cpu, moved)
+    per run, moved = 1 when it left the CPU of its previous run, 0 when it came back to it, -1 for
+    the thread's first run."""
+    idx = np.flatnonzero((tid >= 0) & (cpu >= 0))
+    rp = _prev_in_group(tid[idx], np.ones(len(idx), bool))
+    pidx = idx[np.maximum(rp, 0)]
+    start = (rp < 0) | (cpu[pidx] != cpu[idx]) | (ev[pidx] == switch)
+    s = idx[start]
+    first = rp[start] < 0
+    moved = np.where(first, -1, (cpu[pidx[start]] != cpu[s]).astype(np.int64))
+    return tid[s], comm[s], cpu[s], moved
 
 
 def _missing(n: np.ndarray, n1: np.ndarray) -> np.ndarray:
@@ -186,7 +329,7 @@ def _graph(keys: np.ndarray, names: list[str], p: Mapping[str, Any]) -> dict[str
             "n": int(n[a]),
             "n1": int(n1[a]),
             "missing_mass": round(float(mm[a]), 6),
-            "enforced": bool(n[a] >= p["min_support"] and mm[a] <= p["max_missing_mass"]),
+            "supported": bool(n[a] >= p["min_support"] and mm[a] <= p["max_missing_mass"]),
             "next": {names[b]: int(c) for b, c in zip(nxt[sel], cnt[sel], strict=True)},
         }
     return out
@@ -221,9 +364,9 @@ def _dt(dt: np.ndarray, pairs: np.ndarray, names: list[str], p: Mapping[str, Any
         if not len(grp):
             continue
         b = _bounds(grp, p)
-        b["enforced"] = bool(b["n"] >= p["dt_min_support"])
+        b["supported"] = bool(b["n"] >= p["dt_min_support"])
         per_event[names[grp_ev[0]]] = b
-        if b["enforced"]:
+        if b["supported"]:
             bounds_of[int(grp_ev[0])] = (b["lo"], b["hi"])
     uniq, cnt = np.unique(pairs, return_counts=True)
     big = uniq[cnt >= p["dt_transition_min_support"]]
@@ -240,7 +383,8 @@ def _dt(dt: np.ndarray, pairs: np.ndarray, names: list[str], p: Mapping[str, Any
             # keep the pair's bounds inside its event's, so the two always intersect
             elo, ehi = bounds_of.get(b_, (0, np.iinfo(np.int64).max))
             b["lo"], b["hi"] = max(b["lo"], elo), min(b["hi"], ehi)
-            b["enforced"] = bool(b["lo"] <= b["hi"] and (b["lo"] > elo or b["hi"] < ehi))
+            b["supported"] = True  # it has dt_transition_min_support gaps
+            b["valid"] = bool(b["lo"] <= b["hi"] and (b["lo"] > elo or b["hi"] < ehi))  # narrower than its event's
             per_pair[f"{names[a]} -> {names[b_]}"] = b
     return {"event": per_event, "transition": per_pair}
 
@@ -283,7 +427,7 @@ def _ret(all_ev: np.ndarray, ev: np.ndarray, sym: np.ndarray, names: list[str], 
             "presence": presence,
             "n1": n1,
             "missing_mass": round(mm, 6),
-            "enforced": bool(npres >= p["min_support"] and mm <= p["max_missing_mass"]),
+            "supported": bool(npres >= p["min_support"] and mm <= p["max_missing_mass"]),
             "symbols": {symbol_name(s): c for s, c in sorted(syms.items())},
             "allowed": [symbol_name(s) for s in sorted(allowed)],
         }
@@ -305,41 +449,92 @@ def _sets(ctx: np.ndarray, val: np.ndarray, names: list[str], vals: list[str], p
             "n": n,
             "n1": n1,
             "missing_mass": round(mm, 6),
-            "enforced": bool(n >= p["min_support"] and mm <= p["max_missing_mass"]),
+            "supported": bool(n >= p["min_support"] and mm <= p["max_missing_mass"]),
             key: {vals[v]: int(k) for v, k in zip(v_of[sel], cnt[sel], strict=True)},
         }
     return out
 
 
-def _cpu_sets(ctx: np.ndarray, cpu: np.ndarray, vals: list[str] | None, n_cpus: int, p: Mapping[str, Any]) -> dict:
+def _cpu_sets(
+    ctx: np.ndarray,
+    cpu: np.ndarray,
+    moved: np.ndarray,
+    vals: list[str] | None,
+    n_cpus: int,
+    stay: Mapping[str, float],
+    p: Mapping[str, Any],
+) -> dict:
+    """CPU set of each command / thread from its runs; supported where staying inside it that long
+    would be improbable for a thread the scheduler may move (the data shows pinning)."""
     out: dict[str, Any] = {}
     if not len(ctx):
         return out
     uniq_ctx, inv = np.unique(ctx, return_inverse=True)
+    resched = np.bincount(inv, weights=(moved >= 0), minlength=len(uniq_ctx))
     W = max(1, n_cpus)
     uniq, cnt = np.unique(inv * W + cpu, return_counts=True)
     c_of, cpu_of = uniq // W, uniq % W
     for c in np.unique(c_of):
         sel = c_of == c
-        runs, n1 = int(cnt[sel].sum()), int((cnt[sel] == 1).sum())
-        mm = float(_missing(np.array(runs), np.array(n1)))
+        s = int(sel.sum())
+        p_unpinned = _p_unpinned(stay, float(resched[c]), (n_cpus - s) / (n_cpus - 1)) if n_cpus > 1 else 1.0
         name = vals[uniq_ctx[c]] if vals is not None else str(int(uniq_ctx[c]))
         out[name] = {
             "runs": {str(int(k)): int(v) for k, v in zip(cpu_of[sel], cnt[sel], strict=True)},
-            "n": runs,
-            "n1": n1,
-            "missing_mass": round(mm, 6),
-            "enforced": bool(runs >= p["cpu_min_runs"] and mm <= p["cpu_max_missing_mass"] and int(sel.sum()) < n_cpus),
+            "n": int(cnt[sel].sum()),
+            "reschedules": int(resched[c]),
+            "p_unpinned": float(f"{p_unpinned:.3g}"),
+            "supported": bool(s < n_cpus and p_unpinned < p["pin_alpha"]),
         }
     return out
 
 
 def _invariants(traces: Sequence[Trace], doc: dict[str, Any], names: list[str], p: Mapping[str, Any]) -> dict:
-    """Check each structural invariant on the training data itself with the checker's detectors."""
-    from tracesynth.constraints.check import DETECTORS, TraceArrays
+    """The invariants' data-decided details, and how often training data broke each of them."""
+    inv: dict[str, Any] = {
+        "syscall_pairing": {"unpaired_calls": _unpaired_calls(traces, names, p)},
+        "sched_consistency": {"convention": "prev"},
+        "one_cpu": {"exempt_tids": []},
+        "monotonic_time": {},
+        "ret_errno": {},
+    }
+    doc["invariants"] = inv
 
-    eps = float(p["invariant_max_violation"])
-    # syscalls that never return (their entry is rarely closed by their exit on the thread)
+    def run(rule: str) -> list[tuple[TraceArrays, Any]]:
+        rules = Rules(doc)
+        out = []
+        for t in traces:
+            a = TraceArrays(t, rules)
+            out.append((a, DETECTORS[rule](a)))
+        return out
+
+    if SCHED_SWITCH in names:
+        scores = {}
+        for conv in ("prev", "next"):
+            inv["sched_consistency"]["convention"] = conv
+            scores[conv] = sum(len(f.idx) for _, f in run("sched.consistency"))
+        inv["sched_consistency"]["convention"] = min(scores, key=lambda k: (scores[k], k != "prev"))
+        inv["sched_consistency"]["violations_by_convention"] = scores
+        # besides the idle task, threads a reader shows current on several CPUs at once are exempt
+        bad_by_tid: Counter[int] = Counter()
+        events_by_tid: Counter[int] = Counter()
+        for a, f in run("sched.one_cpu"):
+            bad_by_tid.update(a.tid[f.idx].tolist())
+            u, c = np.unique(a.tid[a.tid >= 0], return_counts=True)
+            events_by_tid.update(dict(zip(u.tolist(), c.tolist(), strict=True)))
+        inv["one_cpu"]["exempt_tids"] = sorted(
+            t for t, b in bad_by_tid.items() if b > max(1.0, p["max_fp_rate"] * events_by_tid[t])
+        )
+    for rule, key in INVARIANTS.items():
+        found = run(rule)
+        inv[key]["training_violations"] = int(sum(len(f.idx) for _, f in found))
+        inv[key]["training_applies"] = int(sum(len(rule_contexts(a, rule)[0]) for a, _ in found))
+        inv[key]["enforced"] = True  # a kernel fact: never mined away
+    return inv
+
+
+def _unpaired_calls(traces: Sequence[Trace], names: list[str], p: Mapping[str, Any]) -> list[str]:
+    """Syscalls that never return: no exit seen, or their entry is rarely closed by their exit."""
     closed, opened = Counter(), Counter()
     exits = {n[len(SYSCALL_EXIT) :] for n in names if n.startswith(SYSCALL_EXIT)}
     for t in traces:
@@ -358,67 +553,6 @@ def _invariants(traces: Sequence[Trace], doc: dict[str, Any], names: list[str], 
                 if nb == SYSCALL_EXIT + call:
                     closed[call] += c
     entries = {n[len(SYSCALL_ENTRY) :] for n in names if n.startswith(SYSCALL_ENTRY)}
-    unpaired = sorted(
+    return sorted(
         c for c in entries if c not in exits or (opened[c] and closed[c] / opened[c] < p["unpaired_min_closed"])
     )
-    inv: dict[str, Any] = {
-        "syscall_pairing": {"unpaired_calls": unpaired, "enforced": True},
-        "sched_consistency": {"convention": "prev", "enforced": True},
-        "one_cpu": {"exempt_tids": [], "enforced": True},
-        "monotonic_time": {"enforced": True},
-    }
-    doc["invariants"] = inv
-
-    def run(rule: str) -> tuple[int, int, list[Any]]:
-        rules = Rules(doc)
-        bad, applies, per = 0, 0, []
-        for t in traces:
-            a = TraceArrays(t, rules)
-            f = DETECTORS[rule](a)
-            bad += len(f.idx)
-            per.append((a, f))
-            if rule == "syscall.pairing":
-                applies += int(((a.c.is_entry | a.c.is_exit)[a.ev] & (a.tid >= 0)).sum())
-            elif rule == "sched.consistency":
-                applies += int(((a.cpu >= 0) & (a.tid >= 0)).sum())
-            elif rule == "sched.one_cpu":
-                prev = a.thread_prev
-                i = np.flatnonzero(prev >= 0)
-                applies += int(((a.cpu[i] >= 0) & (a.cpu[prev[i]] >= 0) & (a.cpu[i] != a.cpu[prev[i]])).sum())
-            else:
-                applies += a.n
-        return bad, applies, per
-
-    def settle(name: str, rule: str) -> None:
-        bad, applies, _ = run(rule)
-        inv[name].update(
-            violations=bad,
-            applies_to=applies,
-            enforced=bool(bad <= eps * applies),  # vacuous where it never applied
-        )
-
-    settle("syscall_pairing", "syscall.pairing")
-    has_switch = SCHED_SWITCH in names
-    if has_switch:
-        scores = {}
-        for conv in ("prev", "next"):
-            inv["sched_consistency"]["convention"] = conv
-            scores[conv] = run("sched.consistency")[0]
-        inv["sched_consistency"]["convention"] = min(scores, key=lambda k: (scores[k], k != "prev"))
-        inv["sched_consistency"]["violations_by_convention"] = scores
-        settle("sched_consistency", "sched.consistency")
-        # threads current on several CPUs at once in real data (the per-CPU idle threads) are exempt
-        _, _, per = run("sched.one_cpu")
-        bad_by_tid: Counter[int] = Counter()
-        events_by_tid: Counter[int] = Counter()
-        for a, f in per:
-            bad_by_tid.update(a.tid[f.idx].tolist())
-            u, c = np.unique(a.tid[a.tid >= 0], return_counts=True)
-            events_by_tid.update(dict(zip(u.tolist(), c.tolist(), strict=True)))
-        inv["one_cpu"]["exempt_tids"] = sorted(t for t, b in bad_by_tid.items() if b > max(1.0, eps * events_by_tid[t]))
-        settle("one_cpu", "sched.one_cpu")
-    else:
-        for name in ("sched_consistency", "one_cpu"):
-            inv[name].update(violations=0, applies_to=0, enforced=False)
-    settle("monotonic_time", "time.monotonic")
-    return inv

@@ -1,23 +1,30 @@
-"""Constraint-guided repair: fix each violation by sampling from what the rules allow.
+"""Constraint-guided repair: fix each violation with the smallest edit the rules allow.
 
+Only events that break a rule are edited (a transition is broken by its pair, so either side may
+change); a clean trace comes back unchanged. The report gives the edit rate: events modified,
+inserted or deleted / events in (`RepairReport.touched` lists the input rows modified or deleted).
 One round applies, in order (each step re-detects on the current arrays, all vectorised):
 
-1. syscall pairing: a wrong exit becomes the exit of the open call; an entry while a call is
+1. threads on CPUs: an event on a CPU its pinned thread / command never uses moves to one it
+   does; a thread showing up on a CPU while still current on another gets one sched_switch on
+   the old CPU that ends its stay there; a CPU scheduling segment holding several threads is
+   split by one inserted sched_switch per change of thread where that is fewer edits than
+   retagging the other threads' events (their tid and command take the segment owner's);
+2. syscall pairing: a wrong exit becomes the exit of the open call; an entry while a call is
    open gets that call's exit inserted just before it; an exit with no open entry is dropped;
-2. impossible successors (global and per thread): where some type may sit between the
+3. impossible successors (global and per thread): where some type may sit between the
    predecessor and the event (a dropped event), it is inserted; otherwise the event type is
    resampled from the successors of its predecessor (weighted by the mined counts), restricted to
    what the thread's previous event allows and to types the next event may follow (a correctly
    paired syscall event keeps its type and its predecessor is resampled instead; an event no
    allowed type can replace is dropped);
-3. return values resampled from the valid symbols of the event type (null where it has none),
+4. return values resampled from the valid symbols of the event type (null where it has none),
    commands resampled from those seen issuing the event type;
-4. CPUs: an event moves to a CPU its thread / command was seen on; an event running on a CPU
-   while its thread is still current on another moves to that one; an event of the wrong thread
-   inside a CPU's scheduling segment takes the segment's thread;
 5. time: each gap is clamped into the intersection of its event and transition bounds and the
-   timestamps are recomputed from the gaps (so time stays non-decreasing).
+   timestamps are recomputed from the gaps (so time stays non-decreasing; later events keep
+   their gaps, so only the clamped event counts as changed).
 
+Inserted rows take the previous row's time, so the gap before the next original event is kept.
 Rounds repeat until nothing is violated (a fix may create a new violation: a resampled event
 type may not pair). After max_rounds the remaining violators are dropped (a call left open goes
 by its entry), round by round, with only length-preserving fixes in between; the trace shrinks
@@ -65,12 +72,19 @@ class RepairReport:
     violations_before: int = 0
     violations_after: int = 0
     notes: list[str] = field(default_factory=list)
+    # input rows modified or deleted (indices into the trace given to repair)
+    touched: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False, compare=False)
 
     @property
     def changed(self) -> int:
         """Events inserted, deleted or with any column changed (a shifted timestamp alone does not count;
         a clamped gap does)."""
         return self.modified + self.inserted + self.deleted
+
+    @property
+    def edit_rate(self) -> float:
+        """Events changed (modified, inserted or deleted) / events in."""
+        return self.fraction_changed
 
     @property
     def fraction_changed(self) -> float:
@@ -88,6 +102,7 @@ class RepairReport:
             "modified": self.modified,
             "changed": self.changed,
             "fraction_changed": self.fraction_changed,
+            "edit_rate": self.edit_rate,
             "dropped_in_fallback": self.dropped_in_fallback,
             "violations_before": self.violations_before,
             "violations_after": self.violations_after,
@@ -171,7 +186,7 @@ def _fix_pairing(s: _State, fixes: Counter[str], rng: np.random.Generator, inser
         "comm": s.comm[at],
         "ret": np.zeros(len(at), np.int64),
         "has_ret": np.zeros(len(at), bool),
-        "ts": s.ts[at],
+        "ts": s.ts[np.maximum(at - 1, 0)],  # the previous row's time: the gap before `at` is kept
         "origin": np.full(len(at), -1, np.int64),
         "dt_changed": np.zeros(len(at), bool),
     }
@@ -318,7 +333,7 @@ def _insert_missing(s: _State, fixes: Counter[str], rng: np.random.Generator) ->
         "comm": s.comm[at],
         "ret": ret,
         "has_ret": has_ret,
-        "ts": s.ts[at],
+        "ts": s.ts[np.maximum(at - 1, 0)],  # the previous row's time: the gap before `at` is kept
         "origin": np.full(len(at), -1, np.int64),
         "dt_changed": np.zeros(len(at), bool),
     }
@@ -364,8 +379,13 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
         wc[has_c] *= c.cpu_comm_weight[cm[has_c]]
         w = np.where((wc.sum(axis=1) > 0)[:, None], wc, w)
         s.cpu[bad] = _sample_rows(w, rng)
-    # a thread that shows up on a CPU while still current on another moves back there; the move
-    # walks along the thread's events until its old segment ends, so repeat until settled
+    # a thread that shows up on a CPU while still current on another: with switches carried by
+    # the outgoing thread, one inserted sched_switch on the old CPU ends its stay there (one edit);
+    # otherwise it moves back there, walking along its events until the old segment ends
+    f1 = DETECTORS["sched.one_cpu"](s.arrays())
+    if len(f1.idx) and c.sched_convention == "prev" and c.switch_code >= 0:
+        fixes["sched.one_cpu"] += len(f1.idx)
+        _insert_switches(s, f1.idx, f1.idx, rng, cpu=f1.expected)
     for _ in range(256):
         f1 = DETECTORS["sched.one_cpu"](s.arrays())
         if not len(f1.idx):
@@ -376,6 +396,8 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
     fs = DETECTORS["sched.consistency"](a)
     if len(fs.idx):
         fixes["sched.consistency"] += len(fs.idx)
+        split_at, split_from, retag = _cheaper_splits(a, fs)
+        fs = Found(fs.rule, fs.idx[retag], fs.found[retag], fs.expected[retag])
         s.tid[fs.idx] = fs.expected
         # the thread's command: the one its other events carry
         known = (s.tid >= 0) & (s.comm >= 0)
@@ -384,6 +406,57 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
         pos = np.minimum(np.searchsorted(u, fs.expected), max(0, len(u) - 1))
         hit = (len(u) > 0) & (u[pos] == fs.expected) if len(u) else np.zeros(len(fs.idx), bool)
         s.comm[fs.idx[hit]] = comm_of[pos[hit]]
+        if len(split_at):
+            _insert_switches(s, split_at, split_from, rng)
+
+
+def _cheaper_splits(a: TraceArrays, fs: Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where a CPU's scheduling segment holds several threads, one inserted sched_switch per change
+    of thread fixes every event after it; where that is fewer edits than retagging the segment's
+    other threads' events, split instead. Returns (events to insert a switch before, the event
+    whose thread switches out there, mask of violations left to retagging)."""
+    c = a.c
+    none = np.zeros(0, np.int64)
+    if c.switch_code < 0:
+        return none, none, np.ones(len(fs.idx), bool)
+    order, seg, _ = a.cpu_segments
+    valid = a.tid[order] >= 0
+    o, sg = order[valid], seg[valid]
+    t = a.tid[o]
+    change = np.zeros(len(o), bool)
+    change[1:] = (sg[1:] == sg[:-1]) & (t[1:] != t[:-1])
+    n_seg = int(seg.max()) + 1 if len(seg) else 0
+    changes = np.bincount(sg[change], minlength=n_seg)
+    seg_of = np.full(a.n, -1, dtype=np.int64)
+    seg_of[order] = seg
+    bad = np.bincount(seg_of[fs.idx], minlength=n_seg)
+    split = changes < bad
+    at = np.flatnonzero(change & split[sg])
+    return o[at], o[at - 1], ~split[seg_of[fs.idx]]
+
+
+def _insert_switches(
+    s: _State, before: np.ndarray, outgoing: np.ndarray, rng: np.random.Generator, cpu: np.ndarray | None = None
+) -> None:
+    """Insert a sched_switch before each event in `before`, at the previous row's time, on the
+    event's CPU (or `cpu`), carried by the thread the convention puts on it (the outgoing one for
+    "prev", the incoming one for "next")."""
+    c = s.c
+    owner = outgoing if c.sched_convention == "prev" else before
+    ev = np.full(len(before), c.switch_code, dtype=np.int64)
+    ret, has_ret = _sample_ret_for(c, ev, rng)
+    rows = {
+        "ev": ev,
+        "cpu": s.cpu[before] if cpu is None else cpu,
+        "tid": s.tid[owner],
+        "comm": s.comm[owner],
+        "ret": ret,
+        "has_ret": has_ret,
+        "ts": s.ts[np.maximum(before - 1, 0)],
+        "origin": np.full(len(before), -1, np.int64),
+        "dt_changed": np.zeros(len(before), bool),
+    }
+    s.edit(before, rows, np.zeros(0, np.int64))
 
 
 def _fix_time(s: _State, fixes: Counter[str]) -> None:
@@ -422,11 +495,11 @@ def repair_trace(
     remaining = before
     while remaining and rounds < max_rounds:
         rounds += 1
+        _fix_cpus(s, fixes, rng)
         _fix_pairing(s, fixes, rng)
         _insert_missing(s, fixes, rng)
         _fix_transitions(s, fixes, rng)
         _fix_values(s, fixes, rng)
-        _fix_cpus(s, fixes, rng)
         _fix_time(s, fixes)
         remaining = _violations(s)
     dropped = 0
@@ -517,6 +590,9 @@ def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, droppe
         any_col |= v
     inserted = int((~kept).sum())
     deleted = a0.n - int(kept.sum())
+    gone = np.ones(a0.n, dtype=bool)
+    gone[o] = False
+    touched = np.union1d(np.flatnonzero(gone), o[any_col])
     return RepairReport(
         events_in=a0.n,
         events_out=s.n,
@@ -526,6 +602,7 @@ def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, droppe
         inserted=inserted,
         deleted=deleted,
         modified=int(any_col.sum()),
+        touched=touched,
         dropped_in_fallback=dropped,
         violations_before=before,
         violations_after=0,

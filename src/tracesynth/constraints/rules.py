@@ -1,20 +1,33 @@
 """The Rules document: constraints mined from real traces, as one readable, diffable JSON file.
 
-Every rule keeps the counts it was mined from, so a reader can see why a rule is enforced (or
-why it was left open). The document is plain data; `compile_rules` turns it into numpy arrays
-aligned to one trace's vocabulary for the vectorised checker and the repairer.
+Two kinds of rule, stored and reported apart:
+
+* **invariants** hold on every correct kernel trace (per-thread syscall entry/exit pairing with
+  matching names, one thread current per CPU between two sched_switch, a thread current on one
+  CPU at a time, non-decreasing time, syscall errors inside the errno range). They are always
+  enforced; the data only settles details (which calls never return, which thread a reader puts
+  a sched_switch on) and how often they were broken in training and in the calibration block.
+* **learned** rules (transitions, time bounds, CPU affinity, value sets) describe one workload.
+  Each entry keeps the counts it was mined from and its calibration: how often it was broken on
+  a later, held-out block of the training data by the rule mined from the block before it.
+
+The document is plain data; `compile_rules` turns it into numpy arrays aligned to one trace's
+vocabulary for the vectorised checker and the repairer.
 
 Layout (keys sorted on save):
 
-    format, version, params           the support thresholds used when mining (see mine.py)
+    format, version, params           the thresholds used when mining (see mine.py)
     source                            how many traces / events it was mined from, and their workloads
     events, comms                     the vocabularies the rules speak about
-    transitions.global / .thread      per predecessor: n, n1 (successors seen once), missing_mass,
-                                      enforced, next {successor: count}
-    dt.event / dt.transition          gap to the previous event (ns): n, quantiles, lo, hi, enforced
-    cpu.comm / cpu.tid                per command / thread: runs per CPU, missing_mass, enforced
-    values.ret / values.comm          per event type: symbol counts, allowed set, enforced
-    invariants                        syscall_pairing, sched_consistency, one_cpu, monotonic_time
+    transitions.global / .thread      per predecessor: n, n1, missing_mass, next {successor: count}
+    dt.event / dt.transition          gap to the previous event (ns): n, quantiles, lo, hi
+    cpu.comm / cpu.tid                per command / thread: runs per CPU, p_unpinned (pinning evidence)
+    values.ret / values.comm          per event type: symbol counts, allowed set / issuing commands
+    invariants                        syscall_pairing, sched_consistency, one_cpu, monotonic_time, ret_errno
+    rules                             per rule: kind, enforced entries, calibrated false-positive rate
+
+Every learned entry also has supported (enough data), calibration {applies, violations, fp_rate}
+and enforced (supported, and (violations + 1) / (applies + 1) <= params.max_fp_rate when calibrated).
 """
 
 from __future__ import annotations
@@ -28,17 +41,37 @@ import numpy as np
 
 from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
+from tracesynth.events import IDLE_TID, MAX_ERRNO, SCHED_PROCESS_EXIT, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
 
 FORMAT = "tracesynth-rules"
-VERSION = 1
+VERSION = 2
 
-# Event naming shared by every reader (lttng-modules names; perf and strace map onto them).
-SYSCALL_ENTRY = "syscall_entry_"
-SYSCALL_EXIT = "syscall_exit_"
-SCHED_SWITCH = "sched_switch"
+# learned rule -> its section of the document; invariant -> its key under "invariants"
+LEARNED = {
+    "transition.global": ("transitions", "global"),
+    "transition.thread": ("transitions", "thread"),
+    "dt.event": ("dt", "event"),
+    "dt.transition": ("dt", "transition"),
+    "cpu.comm": ("cpu", "comm"),
+    "cpu.tid": ("cpu", "tid"),
+    "ret.value": ("values", "ret"),
+    "comm.value": ("values", "comm"),
+}
+INVARIANTS = {
+    "syscall.pairing": "syscall_pairing",
+    "sched.consistency": "sched_consistency",
+    "sched.one_cpu": "one_cpu",
+    "time.monotonic": "monotonic_time",
+    "ret.errno": "ret_errno",
+}
+RULES = (*LEARNED, *INVARIANTS)
+
+
+def kind_of(rule: str) -> str:
+    return "invariant" if rule in INVARIANTS else "learned"
+
 
 # Return-value symbols: 0, each errno exactly (-4095..-1), other values by log2 magnitude.
-MAX_ERRNO = 4095
 _POS_BASE = 5000  # symbol code of bucket k for positive values is _POS_BASE + k, [2^k, 2^(k+1))
 
 
@@ -122,35 +155,31 @@ class Rules:
     def params(self) -> dict[str, Any]:
         return self.doc["params"]
 
+    def entries(self, rule: str) -> dict[str, Any]:
+        """The entries of a learned rule (context -> entry)."""
+        section, sub = LEARNED[rule]
+        return self.doc[section][sub]
+
     def summary(self) -> dict[str, int]:
-        """How many rules of each kind are enforced."""
-        d = self.doc
-        out = {
-            "transition.global": sum(v["enforced"] for v in d["transitions"]["global"].values()),
-            "transition.thread": sum(v["enforced"] for v in d["transitions"]["thread"].values()),
-            "dt.event": sum(v["enforced"] for v in d["dt"]["event"].values()),
-            "dt.transition": sum(v["enforced"] for v in d["dt"]["transition"].values()),
-            "cpu.comm": sum(v["enforced"] for v in d["cpu"]["comm"].values()),
-            "cpu.tid": sum(v["enforced"] for v in d["cpu"]["tid"].values()),
-            "ret.value": sum(v["enforced"] for v in d["values"]["ret"].values()),
-            "comm.value": sum(v["enforced"] for v in d["values"]["comm"].values()),
-        }
-        for name, inv in d["invariants"].items():
-            out[f"invariant.{name}"] = int(inv["enforced"])
+        """How many entries of each rule are enforced (an invariant counts 1)."""
+        out = {r: sum(bool(e.get("enforced", False)) for e in self.entries(r).values()) for r in LEARNED}
+        out.update({r: 1 for r in INVARIANTS})
         return out
+
+    def rule_table(self) -> dict[str, dict[str, Any]]:
+        """Per rule: kind, enforced entries, and the calibration (events it applied to on the
+        held-out block, violations there, false-positive rate; None where nothing was calibrated)."""
+        return self.doc["rules"]
 
     def __repr__(self) -> str:
         s = self.summary()
         return f"Rules({sum(s.values())} enforced over {len(self.doc['events'])} event types)"
 
 
-_REQUIRED = {
-    "transitions": ("global", "thread"),
-    "dt": ("event", "transition"),
-    "cpu": ("comm", "tid"),
-    "values": ("ret", "comm"),
-    "invariants": ("syscall_pairing", "sched_consistency", "one_cpu", "monotonic_time"),
-}
+_REQUIRED: dict[str, tuple[str, ...]] = {}
+for _section, _sub in LEARNED.values():
+    _REQUIRED.setdefault(_section, ())
+    _REQUIRED[_section] += (_sub,)
 
 
 def _validate_doc(doc: Any) -> str | None:
@@ -160,7 +189,7 @@ def _validate_doc(doc: Any) -> str | None:
         return f"format is {doc.get('format')!r}, expected {FORMAT!r}"
     if doc.get("version") != VERSION:
         return f"version {doc.get('version')!r} is not supported (expected {VERSION})"
-    for key in ("params", "source", "events", "comms"):
+    for key in ("params", "source", "events", "comms", "rules"):
         if key not in doc:
             return f"missing key {key!r}"
     for key, subs in _REQUIRED.items():
@@ -169,6 +198,8 @@ def _validate_doc(doc: Any) -> str | None:
         for sub in subs:
             if not isinstance(doc[key].get(sub), dict):
                 return f"missing section {key}.{sub}"
+    if not isinstance(doc.get("invariants"), dict) or set(INVARIANTS.values()) - set(doc["invariants"]):
+        return "missing or incomplete section 'invariants'"
     events = set(doc["events"])
     for prev, entry in doc["transitions"]["global"].items():
         if prev not in events or not set(entry.get("next", {})) <= events:
@@ -221,16 +252,14 @@ class Compiled:
     # invariants
     is_entry: np.ndarray  # [V] bool (paired syscall entries only)
     is_exit: np.ndarray
+    is_syscall_exit: np.ndarray  # [V] bool: every syscall exit, paired or not (errno range)
     call_of: np.ndarray  # [V] int call id (-1 for non-syscalls); entry and exit of X share it
     entry_of_call: np.ndarray  # [n_calls] event code of the entry
     exit_of_call: np.ndarray
     switch_code: int  # -1 when the rules know no sched_switch
-    pairing: bool
-    sched: bool
+    process_exit_code: int  # -1 when the rules know no sched_process_exit
     sched_convention: str  # "prev": a switch closes its segment; "next": it opens one
-    one_cpu: bool
-    one_cpu_exempt: np.ndarray  # sorted tids
-    monotonic: bool
+    one_cpu_exempt: np.ndarray  # sorted tids (the idle task's 0 always)
 
 
 _SYMOFF = 8192
@@ -256,155 +285,173 @@ def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str])
     """Arrays of the rules, over the rules' vocabulary extended by the trace's unknown names."""
     d = rules.doc
     names, index = _extend_vocab(d["events"], trace_events)
-    n_known = len(d["events"])
-    V = len(names)
     comms, cindex = _extend_vocab(d["comms"], trace_comms)
-    n_known_comms = len(d["comms"])
-    C = max(1, len(comms))
-
-    def graph(section: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        allowed = np.zeros((V, V), dtype=bool)
-        weight = np.zeros((V, V), dtype=np.float64)
-        enforced = np.zeros(V, dtype=bool)
-        for prev, e in section.items():
-            p = index[prev]
-            enforced[p] = bool(e["enforced"])
-            for nxt, cnt in e["next"].items():
-                allowed[p, index[nxt]] = True
-                weight[p, index[nxt]] = cnt
-        return allowed, enforced, weight
-
-    g_allowed, g_enforced, g_weight = graph(d["transitions"]["global"])
-    t_allowed, t_enforced, t_weight = graph(d["transitions"]["thread"])
-
-    big = np.iinfo(np.int64).max
-    dt_lo = np.zeros(V, dtype=np.int64)
-    dt_hi = np.full(V, big, dtype=np.int64)
-    for name, e in d["dt"]["event"].items():
-        if e["enforced"]:
-            dt_lo[index[name]] = e["lo"]
-            dt_hi[index[name]] = e["hi"]
-    keys, lo, hi = [], [], []
-    for pair, e in d["dt"]["transition"].items():
-        if e["enforced"]:
-            a, b = pair.split(" -> ")
-            keys.append(index[a] * V + index[b])
-            lo.append(e["lo"])
-            hi.append(e["hi"])
-    order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
-    dtt_keys = np.asarray(keys, dtype=np.int64)[order]
-    dtt_lo = np.asarray(lo, dtype=np.int64)[order]
-    dtt_hi = np.asarray(hi, dtype=np.int64)[order]
-
-    ret_presence = np.zeros(V, dtype=np.int8)
-    ret_enforced = np.zeros(V, dtype=bool)
-    rkeys: list[int] = []
-    table: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0, np.int64), np.zeros(0))] * V
-    for name, e in d["values"]["ret"].items():
-        i = index[name]
-        ret_presence[i] = {"free": 0, "present": 1, "null": 2}[e["presence"]]
-        syms = np.array([symbol_from_name(s) for s in e["symbols"]], dtype=np.int64)
-        counts = np.array(list(e["symbols"].values()), dtype=np.float64)
-        if len(syms):
-            table[i] = (syms, counts / counts.sum())
-        if e["enforced"]:
-            ret_enforced[i] = True
-            rkeys.extend(int(k) for k in ret_keys(np.full(len(e["allowed"]), i), _syms(e["allowed"])))
-    ret_allowed_keys = np.unique(np.asarray(rkeys, dtype=np.int64))
-
-    comm_allowed = np.zeros((V, C), dtype=bool)
-    comm_weight = np.zeros((V, C))
-    comm_enforced = np.zeros(V, dtype=bool)
-    for name, e in d["values"]["comm"].items():
-        i = index[name]
-        comm_enforced[i] = bool(e["enforced"])
-        for c, cnt in e["counts"].items():
-            comm_allowed[i, cindex[c]] = True
-            comm_weight[i, cindex[c]] = cnt
-
+    V, C = len(names), max(1, len(comms))
+    g_allowed, g_enforced, g_weight = _compile_graph(d["transitions"]["global"], index, V)
+    t_allowed, t_enforced, t_weight = _compile_graph(d["transitions"]["thread"], index, V)
     n_cpus = int(d["cpu"].get("n_cpus", 0))
-    cpu_comm_allowed = np.zeros((C, max(1, n_cpus)), dtype=bool)
-    cpu_comm_weight = np.zeros((C, max(1, n_cpus)))
-    cpu_comm_enforced = np.zeros(C, dtype=bool)
-    for comm, e in d["cpu"]["comm"].items():
-        j = cindex[comm]
-        cpu_comm_enforced[j] = bool(e["enforced"])
-        for c, cnt in e["runs"].items():
-            cpu_comm_allowed[j, int(c)] = True
-            cpu_comm_weight[j, int(c)] = cnt
-    tid_items = sorted((int(t), e) for t, e in d["cpu"]["tid"].items() if e["enforced"])
-    cpu_tids = np.array([t for t, _ in tid_items], dtype=np.int64)
-    cpu_tid_allowed = np.zeros((len(tid_items), max(1, n_cpus)), dtype=bool)
-    cpu_tid_weight = np.zeros((len(tid_items), max(1, n_cpus)))
-    for r, (_, e) in enumerate(tid_items):
-        for c, cnt in e["runs"].items():
-            cpu_tid_allowed[r, int(c)] = True
-            cpu_tid_weight[r, int(c)] = cnt
-
-    inv = d["invariants"]
-    pairing = inv["syscall_pairing"]
-    unpaired = set(pairing.get("unpaired_calls", []))
-    is_entry = np.zeros(V, dtype=bool)
-    is_exit = np.zeros(V, dtype=bool)
-    call_of = np.full(V, -1, dtype=np.int64)
-    calls: dict[str, int] = {}
-    for i, n in enumerate(names):
-        for prefix, flag in ((SYSCALL_ENTRY, is_entry), (SYSCALL_EXIT, is_exit)):
-            if n.startswith(prefix):
-                call = n[len(prefix) :]
-                if call in unpaired:
-                    continue
-                flag[i] = True
-                call_of[i] = calls.setdefault(call, len(calls))
-    entry_of_call = np.full(len(calls), -1, dtype=np.int64)
-    exit_of_call = np.full(len(calls), -1, dtype=np.int64)
-    entry_of_call[call_of[is_entry]] = np.flatnonzero(is_entry)
-    exit_of_call[call_of[is_exit]] = np.flatnonzero(is_exit)
-    sched = inv["sched_consistency"]
-    one = inv["one_cpu"]
+    cpu_comm_allowed, cpu_comm_enforced, cpu_comm_weight = _compile_cpu_comm(d["cpu"]["comm"], cindex, C, n_cpus)
     return Compiled(
         names=names,
-        n_known=n_known,
+        n_known=len(d["events"]),
         comms=comms,
-        n_known_comms=n_known_comms,
+        n_known_comms=len(d["comms"]),
         g_allowed=g_allowed,
         g_enforced=g_enforced,
         g_weight=g_weight,
         t_allowed=t_allowed,
         t_enforced=t_enforced,
         t_weight=t_weight,
-        dt_lo=dt_lo,
-        dt_hi=dt_hi,
-        dtt_keys=dtt_keys,
-        dtt_lo=dtt_lo,
-        dtt_hi=dtt_hi,
-        ret_presence=ret_presence,
-        ret_enforced=ret_enforced,
-        ret_allowed_keys=ret_allowed_keys,
-        ret_sym_table=table,
-        comm_allowed=comm_allowed,
-        comm_enforced=comm_enforced,
-        comm_weight=comm_weight,
         n_cpus=n_cpus,
         cpu_comm_allowed=cpu_comm_allowed,
         cpu_comm_enforced=cpu_comm_enforced,
         cpu_comm_weight=cpu_comm_weight,
-        cpu_tids=cpu_tids,
-        cpu_tid_allowed=cpu_tid_allowed,
-        cpu_tid_weight=cpu_tid_weight,
-        is_entry=is_entry,
-        is_exit=is_exit,
-        call_of=call_of,
-        entry_of_call=entry_of_call,
-        exit_of_call=exit_of_call,
-        switch_code=index.get(SCHED_SWITCH, -1) if SCHED_SWITCH in d["events"] else -1,
-        pairing=bool(pairing["enforced"]),
-        sched=bool(sched["enforced"]),
-        sched_convention=str(sched.get("convention", "prev")),
-        one_cpu=bool(one["enforced"]),
-        one_cpu_exempt=np.array(sorted(int(t) for t in one.get("exempt_tids", [])), dtype=np.int64),
-        monotonic=bool(inv["monotonic_time"]["enforced"]),
+        **_compile_dt(d["dt"], index, V),
+        **_compile_ret(d["values"]["ret"], index, V),
+        **_compile_comm(d["values"]["comm"], index, cindex, V, C),
+        **_compile_cpu_tid(d["cpu"]["tid"], n_cpus),
+        **_compile_invariants(d, names, index),
     )
+
+
+def _compile_graph(section: dict[str, Any], index: dict[str, int], V: int) -> tuple[np.ndarray, ...]:
+    allowed = np.zeros((V, V), dtype=bool)
+    weight = np.zeros((V, V), dtype=np.float64)
+    enforced = np.zeros(V, dtype=bool)
+    for prev, e in section.items():
+        p = index[prev]
+        enforced[p] = bool(e.get("enforced", False))
+        for nxt, cnt in e["next"].items():
+            allowed[p, index[nxt]] = True
+            weight[p, index[nxt]] = cnt
+    return allowed, enforced, weight
+
+
+def _compile_dt(section: dict[str, Any], index: dict[str, int], V: int) -> dict[str, np.ndarray]:
+    dt_lo = np.zeros(V, dtype=np.int64)
+    dt_hi = np.full(V, np.iinfo(np.int64).max, dtype=np.int64)
+    for name, e in section["event"].items():
+        if e.get("enforced", False):
+            dt_lo[index[name]] = e["lo"]
+            dt_hi[index[name]] = e["hi"]
+    keys, lo, hi = [], [], []
+    for pair, e in section["transition"].items():
+        if e.get("enforced", False):
+            a, b = pair.split(" -> ")
+            keys.append(index[a] * V + index[b])
+            lo.append(e["lo"])
+            hi.append(e["hi"])
+    order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
+    return {
+        "dt_lo": dt_lo,
+        "dt_hi": dt_hi,
+        "dtt_keys": np.asarray(keys, dtype=np.int64)[order],
+        "dtt_lo": np.asarray(lo, dtype=np.int64)[order],
+        "dtt_hi": np.asarray(hi, dtype=np.int64)[order],
+    }
+
+
+def _compile_ret(section: dict[str, Any], index: dict[str, int], V: int) -> dict[str, Any]:
+    presence = np.zeros(V, dtype=np.int8)
+    enforced = np.zeros(V, dtype=bool)
+    rkeys: list[int] = []
+    table: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0, np.int64), np.zeros(0))] * V
+    for name, e in section.items():
+        i = index[name]
+        presence[i] = {"free": 0, "present": 1, "null": 2}[e["presence"]]
+        syms = _syms(list(e["symbols"]))
+        counts = np.array(list(e["symbols"].values()), dtype=np.float64)
+        if len(syms):
+            table[i] = (syms, counts / counts.sum())
+        if e.get("enforced", False):
+            enforced[i] = True
+            rkeys.extend(int(k) for k in ret_keys(np.full(len(e["allowed"]), i), _syms(e["allowed"])))
+    return {
+        "ret_presence": presence,
+        "ret_enforced": enforced,
+        "ret_allowed_keys": np.unique(np.asarray(rkeys, dtype=np.int64)),
+        "ret_sym_table": table,
+    }
+
+
+def _compile_comm(
+    section: dict[str, Any], index: dict[str, int], cindex: dict[str, int], V: int, C: int
+) -> dict[str, np.ndarray]:
+    allowed = np.zeros((V, C), dtype=bool)
+    weight = np.zeros((V, C))
+    enforced = np.zeros(V, dtype=bool)
+    for name, e in section.items():
+        i = index[name]
+        enforced[i] = bool(e.get("enforced", False))
+        for c, cnt in e["counts"].items():
+            allowed[i, cindex[c]] = True
+            weight[i, cindex[c]] = cnt
+    return {"comm_allowed": allowed, "comm_enforced": enforced, "comm_weight": weight}
+
+
+def _cpu_rows(entries: list[dict[str, Any]], n_cpus: int) -> tuple[np.ndarray, np.ndarray]:
+    allowed = np.zeros((len(entries), max(1, n_cpus)), dtype=bool)
+    weight = np.zeros((len(entries), max(1, n_cpus)))
+    for r, e in enumerate(entries):
+        for c, cnt in e["runs"].items():
+            allowed[r, int(c)] = True
+            weight[r, int(c)] = cnt
+    return allowed, weight
+
+
+def _compile_cpu_comm(section: dict[str, Any], cindex: dict[str, int], C: int, n_cpus: int) -> tuple[np.ndarray, ...]:
+    allowed = np.zeros((C, max(1, n_cpus)), dtype=bool)
+    weight = np.zeros((C, max(1, n_cpus)))
+    enforced = np.zeros(C, dtype=bool)
+    rows = [cindex[comm] for comm in section]
+    allowed[rows], weight[rows] = _cpu_rows(list(section.values()), n_cpus)
+    enforced[rows] = [bool(e.get("enforced", False)) for e in section.values()]
+    return allowed, enforced, weight
+
+
+def _compile_cpu_tid(section: dict[str, Any], n_cpus: int) -> dict[str, np.ndarray]:
+    items = sorted((int(t), e) for t, e in section.items() if e.get("enforced", False))
+    allowed, weight = _cpu_rows([e for _, e in items], n_cpus)
+    return {
+        "cpu_tids": np.array([t for t, _ in items], dtype=np.int64),
+        "cpu_tid_allowed": allowed,
+        "cpu_tid_weight": weight,
+    }
+
+
+def _compile_invariants(d: dict[str, Any], names: list[str], index: dict[str, int]) -> dict[str, Any]:
+    """Syscall entry/exit codes of each call (calls that never return are left out) and the
+    details the data decided for the invariants; invariants are always enforced."""
+    V = len(names)
+    inv = d["invariants"]
+    unpaired = set(inv["syscall_pairing"].get("unpaired_calls", []))
+    is_entry = np.zeros(V, dtype=bool)
+    is_exit = np.zeros(V, dtype=bool)
+    is_any_exit = np.array([n.startswith(SYSCALL_EXIT) for n in names], dtype=bool)
+    call_of = np.full(V, -1, dtype=np.int64)
+    calls: dict[str, int] = {}
+    for i, n in enumerate(names):
+        for prefix, flag in ((SYSCALL_ENTRY, is_entry), (SYSCALL_EXIT, is_exit)):
+            if n.startswith(prefix) and n[len(prefix) :] not in unpaired:
+                flag[i] = True
+                call_of[i] = calls.setdefault(n[len(prefix) :], len(calls))
+    entry_of_call = np.full(len(calls), -1, dtype=np.int64)
+    exit_of_call = np.full(len(calls), -1, dtype=np.int64)
+    entry_of_call[call_of[is_entry]] = np.flatnonzero(is_entry)
+    exit_of_call[call_of[is_exit]] = np.flatnonzero(is_exit)
+    exempt = {IDLE_TID} | {int(t) for t in inv["one_cpu"].get("exempt_tids", [])}
+    return {
+        "is_entry": is_entry,
+        "is_exit": is_exit,
+        "is_syscall_exit": is_any_exit,
+        "call_of": call_of,
+        "entry_of_call": entry_of_call,
+        "exit_of_call": exit_of_call,
+        "switch_code": index[SCHED_SWITCH] if SCHED_SWITCH in d["events"] else -1,
+        "process_exit_code": index[SCHED_PROCESS_EXIT] if SCHED_PROCESS_EXIT in d["events"] else -1,
+        "sched_convention": str(inv["sched_consistency"].get("convention", "prev")),
+        "one_cpu_exempt": np.array(sorted(exempt), dtype=np.int64),
+    }
 
 
 def _syms(names: list[str]) -> np.ndarray:

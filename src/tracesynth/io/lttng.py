@@ -37,9 +37,10 @@ import pyarrow as pa
 from tracesynth.errors import TraceSynthError
 from tracesynth.io.babeltrace import Field, ctf_metadata, iter_ctf_batches
 from tracesynth.io.ctf_writer import NULL_COMM
+from tracesynth.io.lttng_legacy import LEGACY_SYSCALL_EXITS, normalise_legacy_syscalls
 from tracesynth.trace import SCHEMA, Trace
 
-SYSCALL_EXITS = ("syscall_exit_*", "compat_syscall_exit_*")
+SYSCALL_EXITS = ("syscall_exit_*", "compat_syscall_exit_*", *LEGACY_SYSCALL_EXITS)
 STATEDUMP_PROCESS = "lttng_statedump_process_state"
 
 
@@ -261,7 +262,9 @@ def read_lttng(path: str | Path) -> Trace:
     arrays.append(dict_column(column("comm"), comms))
     has_ret = column("has_ret")
     arrays.append(pa.array(column("ret"), type=pa.int64(), mask=~has_ret))
-    return Trace(pa.table(arrays, schema=SCHEMA), _trace_metadata(path, info), validate=False)
+    return normalise_legacy_syscalls(
+        Trace(pa.table(arrays, schema=SCHEMA), _trace_metadata(path, info), validate=False)
+    )
 
 
 def _trace_metadata(path: Path, info: dict[str, Any]) -> dict[str, Any]:
