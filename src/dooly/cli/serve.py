@@ -107,13 +107,13 @@ def simulate(
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
     from dooly.report import save_result
     from dooly.simulator import make_router, parse_workload
-    from dooly.simulator.memory import size_kv_cache
+    from dooly.simulator.memory import DEFAULT_KV_BLOCKS, size_kv_cache
     from dooly.simulator.search import SLO, config_grid
     from dooly.simulator.study import run_study
 
     make_router(router)  # an unknown name fails before any work
     w = parse_workload(workload)
-    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks or 4096)
+    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
     mem = None
     if memory_gb is not None:
         mem = memory_model(model, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)

@@ -159,8 +159,12 @@ def make_plan(
     known = store.complete_keys(ctx)
     plans: list[ModelPlan] = []
     owner: dict[str, ModelPlan] = {}
+    grid_size: dict[str, int] = {}
+    planned: dict[str, list[dict[str, int]]] = {}  # sig key -> its points on its owner's grid
     for m in models:
         name, cfg = resolve_model(m)
+        if any(mp.name == name for mp in plans):
+            continue  # a model named twice is one model
         if progress:
             progress(f"tracing {name}")
         traces = model_traces(name, cfg, engine, store)
@@ -169,17 +173,15 @@ def make_plan(
         for phase, tr in traces.items():
             firsts = _first_layers(tr)
             mp.needs[phase] = {s.key: SignatureNeed(s, mult, firsts.get(s)) for s, mult in tr.unique().items()}
-            for key in mp.needs[phase]:
-                # the first model to need a signature profiles it, unless a later one can run more of its grid
-                if key not in owner or _reaches_further(positions, owner[key].positions):
-                    owner[key] = mp
+            for key, need in mp.needs[phase].items():
+                if owner.get(key) is mp:
+                    continue  # met in an earlier phase of this model, which plans it
+                points = mp.grid.signature_points(phase, need.signature.symbols())
+                # the first model to need a signature profiles it, unless a later one can run grid points the
+                # first cannot hold (more positions)
+                if key not in owner or (points != planned[key] and _reaches_further(positions, owner[key].positions)):
+                    owner[key], planned[key], grid_size[key] = mp, points, len(points)
         plans.append(mp)
-    grid_size: dict[str, int] = {}
-    for mp in plans:
-        for phase, needs in mp.needs.items():
-            for key, need in needs.items():
-                if owner[key] is mp:
-                    grid_size[key] = len(mp.grid.signature_points(phase, need.signature.symbols()))
 
     jobs: list[Job] = []
     assigned: set[str] = set()
