@@ -312,7 +312,7 @@ class Predictor:
         return hit
 
     def iteration_latency(self, batch: Batch) -> float:
-        """Seconds for one engine iteration, as the HF eager engine runs it (see :mod:`dooly.serving`):
+        """Seconds for one engine iteration, as the HF eager engine runs it (see :mod:`dooly.engines.hf_serving`):
         each prefill chunk is a forward of batch 1 over its new tokens; all decodes are one forward of batch
         B over KV padded to the longest. A chunk's cached prefix is not modelled beyond its new tokens (the
         traces have no phase with both new and cached tokens yet)."""

@@ -196,7 +196,8 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
         parts.append(_table(rows, {"alone_s": ".2f", "with_reuse_s": ".2f"}))
         parts.append(f"<img src='{_savings_plot(rows)}'>")
     if parts[-1].startswith("<h2>"):
-        parts.append("<p><em>no profiled models in this database</em></p>")
+        parts.append("<p><em>no models recorded as profiled in this database (a DB from before the record: "
+                     "rerunning <code>dooly profile</code> on its models records them without timing)</em></p>")
 
     files = sorted(results.glob("*.json")) if results.is_dir() else []
     loaded = []

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from dooly.batch import Batch
 from dooly.cli import app
-from dooly.profiler.savings import ModelSignatures, record_models
+from dooly.profiler.savings import ModelSignatures, record_models, savings_of
 from dooly.report import build_report, save_result, savings_from_db, write_report
 from dooly.store import Measurement, ProfileContext, ProfileStore
 from dooly.vidur_export import vidur_op
@@ -46,6 +46,9 @@ def test_savings_counts_each_model_once_in_profiling_order(db):
     assert ctx == ProfileContext("cpu-test")
     assert [(r.name, r.alone_s, r.marginal_s) for r in sv.models] == [("a", 3.0, 3.0), ("b", 6.0, 4.0)]
     assert sv.saved_pct == pytest.approx(100 * (1 - 7 / 9))
+    with ProfileStore(db) as store:  # one model alone saves nothing, to the last digit
+        one = savings_of([ModelSignatures("b", {"s3": 1, "s2": 1, "s1": 1})], store, ctx)
+    assert one.saved_pct == 0.0 and one.describe().startswith("1 model: 7.0 device-s")
 
 
 def test_report_is_self_contained(db, tmp_path):

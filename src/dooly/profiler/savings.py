@@ -56,7 +56,8 @@ class Savings:
         if self.measured_share < 0.999:
             est = f" ({100 * (1 - self.measured_share):.0f}% of signatures estimated)"
         return (
-            f"{len(self.models)} models: {self.with_reuse_s:.1f} device-s with cross-model reuse vs "
+            f"{len(self.models)} model{'' if len(self.models) == 1 else 's'}: "
+            f"{self.with_reuse_s:.1f} device-s with cross-model reuse vs "
             f"{self.without_reuse_s:.1f} device-s each model alone: {self.saved_pct:.1f}% saved{est}"
         )
 
@@ -82,7 +83,8 @@ def savings_of(
         rows.append(
             ModelCost(
                 m.name, len(keys), len(fresh - set(known)), len(keys & seen), len(fresh & set(known)),
-                sum(cost(k, n) for k, n in m.points.items()), sum(cost(k, m.points[k]) for k in fresh),
+                sum(cost(k, n) for k, n in m.points.items()),
+                sum(cost(k, n) for k, n in m.points.items() if k in fresh),  # same order: alone == marginal exactly
             )
         )  # fmt: skip
         n_meas += sum(1 for k in fresh if k in measured)
