@@ -25,7 +25,8 @@ import torch
 
 from dooly.engines import get_engine
 from dooly.engines.base import RequestShape
-from dooly.profiler import TimerConfig, evict_caches, resolve_model, time_calls
+from dooly.profiler import TimerConfig, evict_caches, time_calls
+from dooly.zoo import resolve_model
 
 
 def one_call_after(prepare, call, n: int = 30) -> float:

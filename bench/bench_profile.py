@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from dooly.engines import get_engine
-from dooly.predictor import Predictor, mape, method_errors, run_to_run, validate_model
-from dooly.profiler import calibrate, default_clock, make_plan, resolve_model, run_plan, savings
+from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
+from dooly.profiler import calibrate, default_clock, make_plan, profiled_savings, run_plan, savings
 from dooly.store import ProfileStore
+from dooly.zoo import resolve_model
 
 SMALL = ["smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "opt-125m"]
 
@@ -70,9 +71,10 @@ def main() -> None:
         for r in sv.models:
             print(f"  {r.name:16s} sigs {r.signatures:4d} new {r.new:4d} reused(list) {r.reused_models:4d} "
                   f"alone {r.alone_s:7.1f} s  with reuse {r.marginal_s:7.1f} s")  # fmt: skip
-        print(f"PROFILING COST ({', '.join(args.models)}): with reuse {sv.with_reuse_s:.1f} device-s, "
-              f"without {sv.without_reuse_s:.1f} device-s -> {sv.saved_pct:.1f}% saved "
-              f"(measured share {sv.measured_share:.0%})")  # fmt: skip
+        print(f"PROFILING COST ({', '.join(args.models)}): {sv.describe()}")
+        for ctx, db_sv in profiled_savings(store).items():  # what `dooly report` headlines for this DB
+            if ctx == plan.ctx:
+                print(f"PROFILING COST (every model profiled into {args.db}): {db_sv.describe()}")
         raw = store.all_points(plan.ctx)
         pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
         errs = method_errors(pts, sample=60)
@@ -90,7 +92,7 @@ def main() -> None:
             pred = Predictor.for_model(m or cfg, args.db, engine, threads=args.threads)
             with ProfileStore(args.db) as store:  # held-out measurements are kept: a rerun re-scores them
                 rows = validate_model(pred, cfg, engine, threads=args.threads, repeats=args.repeats, store=store)
-            results[name] = {ph: mape(rows, ph) for ph in ("prefill", "decode")}
+            results[name] = {ph: phase_mape(rows, ph) for ph in ("prefill", "decode")}
             for r in rows:
                 rounds = "/".join(f"{x * 1e3:.1f}" for x in r.rounds_s)
                 print(f"  {name:16s} {r.phase:7s} {json.dumps(r.values):32s} measured {r.measured_s * 1e3:8.2f} ms "
@@ -98,7 +100,8 @@ def main() -> None:
                       flush=True)  # fmt: skip
             print(f"VALIDATION {name}: MAPE prefill {results[name]['prefill']:.1f}%  "
                   f"decode {results[name]['decode']:.1f}%  (method {pred.method}); run-to-run spread of the "
-                  f"measurements prefill {run_to_run(rows, 'prefill'):.1f}%  decode {run_to_run(rows, 'decode'):.1f}%",
+                  f"measurements prefill {round_spread(rows, 'prefill'):.1f}%  "
+                  f"decode {round_spread(rows, 'decode'):.1f}%",
                   flush=True)  # fmt: skip
 
     if args.zoo:
@@ -109,9 +112,7 @@ def main() -> None:
             zplan = make_plan(names, store, engine, threads=args.threads, progress=print)
             # cost by grid points (measured where profiled, mean per-point cost elsewhere)
             sv = savings(zplan, store)
-            print(f"ZOO ({len(names)} models): with reuse {sv.with_reuse_s:.0f} s "
-                  f"vs without {sv.without_reuse_s:.0f} s "
-                  f"-> {sv.saved_pct:.1f}% saved (measured share {sv.measured_share:.0%}; rest estimated)")  # fmt: skip
+            print(f"ZOO: {sv.describe()}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dooly import stats
 from dooly.batch import Batch
 from dooly.errors import DoolyError
 
@@ -265,11 +266,13 @@ class Predictor:
         """A predictor for ``model`` (zoo name, config path or dict) from the profile DB at ``db_path``.
 
         ``method``: ``interp``, ``forest`` or ``auto`` (whichever had the lower held-out error on this DB).
-        ``strict``: refuse when a signature of the model has no profile (else it counts as zero).
+        ``strict``: refuse when a signature of the model is not completely profiled (else a missing one counts
+        as zero and a partial grid is filled from its nearest measured points).
         """
         from dooly.engines import get_engine
-        from dooly.profiler import context_for, default_threads, model_traces, resolve_model
+        from dooly.profiler import context_for, default_threads, model_traces
         from dooly.store import ProfileStore
+        from dooly.zoo import resolve_model
 
         if not Path(db_path).exists():
             raise DoolyError(f"{db_path}: no such profile database (run `dooly profile` first)")
@@ -280,16 +283,12 @@ class Predictor:
             ctx = context_for(engine, threads)  # type: ignore[arg-type]
             traces = model_traces(name, cfg, engine, store)  # type: ignore[arg-type]
             raw = store.all_points(ctx)
+            if strict:
+                _require_complete(traces, raw, store.complete_keys(ctx), name, model, db_path, ctx.hardware)
             pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
             if method == "auto":
                 method = choose_method(pts)
             pred = cls(name, traces, pts, method)
-            if strict and any(pred.missing.values()):
-                miss = sum(len(v) for v in pred.missing.values())
-                raise DoolyError(
-                    f"{db_path}: {miss} signatures of {name} have no profile for {ctx.hardware} "
-                    f"(run `dooly profile {name} --db {db_path}`)"
-                )
             pred.overhead = fit_overhead(store, ctx, engine, pts, method, own=name)
         return pred
 
@@ -325,6 +324,21 @@ class Predictor:
         return total
 
 
+def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]
+    """Refuse a model with a signature that has no profile, or one whose planned grid is not all stored."""
+    keys = {s.key for tr in traces.values() for s in tr.unique()}
+    again = f"dooly profile {model if isinstance(model, (str, Path)) else name} --db {db_path}"
+    missing = sum(1 for k in keys if not points.get(k))
+    if missing:
+        raise DoolyError(f"{db_path}: {missing} signatures of {name} have no profile for {hardware} (run `{again}`)")
+    unfinished = len(keys - complete)
+    if unfinished:
+        raise DoolyError(
+            f"{db_path}: the profile of {name} is incomplete for {hardware} ({unfinished} of {len(keys)} signatures "
+            f"lack planned points): finish it with `{again}`"
+        )
+
+
 def choose_method(points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]], sample: int = 40) -> str:
     """``interp`` or ``forest``, whichever has the lower held-out MAPE on (a sample of) the DB's signatures."""
     errs = method_errors(points, sample)
@@ -356,7 +370,7 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None) -> Ove
     each op differs between architectures (module layout, norms, biases). A model never run on this machine
     gets the fit over every model in the DB.
     """
-    from dooly.profiler import model_traces, resolve_model
+    from dooly.profiler import model_traces
 
     rows, own_rows = [], []
     by_model: dict[str, Predictor] = {}
@@ -364,11 +378,11 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None) -> Ove
         if "#holdout" in model:  # validation measurements never train the predictor
             continue
         if model not in by_model:
-            cfg_json = store.get_trace("config", model.split("#")[0], "config")  # "<name>#round2": same model
+            base = model.split("#")[0]  # "<name>#round2": another calibration round of the same model
+            cfg_json = store.get_trace("config", base, "config")
             if cfg_json is None:
                 continue
-            name, cfg = resolve_model(json.loads(cfg_json))
-            by_model[model] = Predictor(model, model_traces(model, cfg, engine, store), pts, method)
+            by_model[model] = Predictor(model, model_traces(base, json.loads(cfg_json), engine, store), pts, method)
         p = by_model[model]
         rows.append((phase, p.ops_latency(phase, values), p.n_records[phase], values, m.median_s))
         if own is not None and model.split("#")[0] == own:
@@ -418,7 +432,7 @@ class ValidationRow:
         """How far this shape's rounds landed apart, relative to their mean (0 with one round)."""
         if len(self.rounds_s) < 2:
             return 0.0
-        return (max(self.rounds_s) - min(self.rounds_s)) / float(np.mean(self.rounds_s))
+        return stats.spread_pct(np.array(self.rounds_s)[:, None]) / 100
 
 
 def validate_model(
@@ -435,17 +449,18 @@ def validate_model(
 
     Every shape is measured in ``rounds`` interleaved rounds (all shapes, then all again), so a slow drift of
     the machine shows as each row's ``spread``: a prediction cannot be expected to agree with a measurement
-    better than two measurements of the same pass agree with each other (:func:`run_to_run`).
+    better than two measurements of the same pass agree with each other (:func:`round_spread`).
     With a ``store`` the measurements are kept (as models ``"<name>#holdout"``, ``"<name>#holdout2"``, ...,
     which the overhead fit never reads) and reused by the next call, so predictor changes can be re-scored
     without re-measuring.
     """
     import torch
 
-    from dooly.profiler import context_for, default_clock, fixed_threads, measure_forward
+    from dooly.profiler import context_for, default_clock, fixed_threads, measure_forward, shapes_within
     from dooly.store import canonical_point
+    from dooly.zoo import max_positions
 
-    shapes = shapes or VALIDATION_SHAPES
+    shapes = shapes_within(shapes or VALIDATION_SHAPES, max_positions(config))
     clock = default_clock(engine.device, threads)  # type: ignore[attr-defined]
     keys = [f"{predictor.name}#holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
     ctx = context_for(engine, threads) if store is not None else None  # type: ignore[arg-type]
@@ -477,12 +492,13 @@ def validate_model(
     return rows
 
 
-def mape(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
-    sel = [r.error for r in rows if phase is None or r.phase == phase]
-    return float(np.mean(sel)) * 100 if sel else float("nan")
+def phase_mape(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
+    """Forward-latency MAPE (%) of the predictor over the validation rows of one phase (all when None)."""
+    sel = [r for r in rows if phase is None or r.phase == phase]
+    return stats.mape([r.predicted_s for r in sel], [r.measured_s for r in sel])
 
 
-def run_to_run(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
+def round_spread(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
     """Mean spread (%) between the measurement rounds of the same shapes: the machine's noise floor."""
     sel = [r.spread for r in rows if (phase is None or r.phase == phase) and len(r.rounds_s) > 1]
     return float(np.mean(sel)) * 100 if sel else float("nan")

@@ -1,10 +1,10 @@
 """`dooly report`: one self-contained HTML page from a profile DB and the serving results beside it.
 
-Sections: profiling savings per model (cross-model reuse vs profiling each model alone, from the DB's
-traces and measured costs), predicted vs measured forward latency (where the DB holds measured forwards and
-a predictor), simulated vs measured serving latency CDFs and the validation table (from the JSON results
-``dooly validate-serving`` writes), and any configuration sweep. Plots are matplotlib PNGs embedded as
-base64, so the page is one file that opens anywhere.
+Sections: profiling savings per model (cross-model reuse vs profiling each model alone, over the models
+profiled into the DB, priced as ``dooly profile`` prices them), predicted vs measured forward latency
+(where the DB holds measured forwards and a predictor), simulated vs measured serving latency CDFs and the
+validation table (from the JSON results ``dooly validate-serving`` writes), and any configuration sweep.
+Plots are matplotlib PNGs embedded as base64, so the page is one file that opens anywhere.
 """
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ import io
 import json
 import math
 import os
-import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atomicio import atomic_path
 from dooly.errors import DoolyError
+
+if TYPE_CHECKING:
+    from dooly.profiler import Savings
+    from dooly.store import ProfileContext
 
 
 def results_dir_for(db: str | Path) -> Path:
@@ -76,36 +79,19 @@ def write_sweep_csv(points, path: str | Path) -> Path:
 # -- savings --------------------------------------------------------------------------------------------
 
 
-def savings_from_db(db: str | Path) -> list[dict[str, Any]]:
-    """Per model (in the order they were traced): profiling seconds alone vs with reuse of earlier models.
+def savings_from_db(db: str | Path) -> list[tuple[ProfileContext, Savings]]:
+    """Savings over the models profiled into the DB, per profile context: the computation ``dooly profile``
+    prints (:mod:`dooly.profiler.savings`), over every model profiled there, each once."""
+    from dooly.profiler import profiled_savings
+    from dooly.store import ProfileStore
 
-    "Alone" is the measured cost of every unique signature the model runs (within-model reuse allowed, as
-    Vidur); "with reuse" counts only signatures no earlier model had.
-    """
-    con = sqlite3.connect(f"file:{Path(db)}?mode=ro", uri=True)
-    try:
-        traces = con.execute("SELECT model, trace_json FROM traces ORDER BY created").fetchall()
-        costs = dict(con.execute("SELECT sig_key, SUM(cost_s) FROM points GROUP BY sig_key").fetchall())
-    except sqlite3.DatabaseError as exc:
-        raise DoolyError(f"{db}: not a dooly profile database ({exc})") from None
-    finally:
-        con.close()
-    per_model: dict[str, set[str]] = {}
-    for model, text in traces:
-        keys = per_model.setdefault(model.split("@")[0], set())  # the profiler keys traces as name@config-hash
-        for rec in json.loads(text).get("records", []):
-            k = rec.get("sig") if isinstance(rec, dict) else None
-            if k:
-                keys.add(k)
-    seen: set[str] = set()
-    rows = []
-    for model, keys in per_model.items():
-        alone = sum(costs.get(k, 0.0) for k in keys)
-        new = keys - seen
-        reuse = sum(costs.get(k, 0.0) for k in new)
-        rows.append({"model": model, "signatures": len(keys), "new": len(new), "alone_s": alone, "with_reuse_s": reuse})
-        seen |= keys
-    return rows
+    with ProfileStore(db) as store:
+        return list(profiled_savings(store).items())
+
+
+def _savings_rows(sv: Savings) -> list[dict[str, Any]]:
+    return [{"model": r.name, "signatures": r.signatures, "new": r.new, "alone_s": r.alone_s,
+             "with_reuse_s": r.marginal_s} for r in sv.models]  # fmt: skip
 
 
 # -- plots ----------------------------------------------------------------------------------------------
@@ -202,20 +188,16 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
     parts = [f"<html><head><meta charset='utf-8'><title>dooly report</title><style>{CSS}</style></head><body>"]
     parts.append(f"<h1>dooly report</h1><p>profile database <code>{html.escape(str(db))}</code></p>")
 
-    rows = savings_from_db(db)
     parts.append("<h2>Profiling cost and cross-model reuse</h2>")
-    if rows:
-        alone = sum(r["alone_s"] for r in rows)
-        reuse = sum(r["with_reuse_s"] for r in rows)
-        saved = 1 - reuse / alone if alone > 0 else float("nan")
-        parts.append(
-            f"<p>{len(rows)} models: {alone:.1f} s profiling each alone vs {reuse:.1f} s with reuse: "
-            f"<b>{saved:.1%} saved</b> (the Dooly paper reports 56.4% over 12 models on GPUs).</p>"
-        )
+    for ctx, sv in savings_from_db(db):
+        rows = _savings_rows(sv)
+        parts.append(f"<p><code>{html.escape(' / '.join(ctx.as_tuple()))}</code>: {html.escape(sv.describe())} "
+                     "(the Dooly paper reports 56.4% over 12 models on GPUs).</p>")  # fmt: skip
         parts.append(_table(rows, {"alone_s": ".2f", "with_reuse_s": ".2f"}))
         parts.append(f"<img src='{_savings_plot(rows)}'>")
-    else:
-        parts.append("<p><em>no traced models in this database</em></p>")
+    if parts[-1].startswith("<h2>"):
+        parts.append("<p><em>no models recorded as profiled in this database (a DB from before the record: "
+                     "rerunning <code>dooly profile</code> on its models records them without timing)</em></p>")
 
     files = sorted(results.glob("*.json")) if results.is_dir() else []
     loaded = []

@@ -66,7 +66,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -427,8 +426,3 @@ def traces_from_json(text: str, source: str = "<string>") -> list[ModelTrace]:
     if isinstance(doc, dict) and doc.get("format") == "dooly.traces/1":
         return [ModelTrace.from_json(json.dumps(t), source) for t in doc.get("traces", [])]
     return [ModelTrace.from_json(text, source)]
-
-
-def _finite(x: float) -> Any:
-    """A float as JSON: itself when finite, else tagged (JSON has no inf/nan)."""
-    return x if math.isfinite(x) else {"float": repr(x)}

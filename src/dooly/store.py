@@ -14,7 +14,7 @@ import os
 import platform
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -312,9 +312,3 @@ class ProfileStore:
             "cost_s": cost,
             "contexts": [asdict(c) for c in self.contexts()],
         }
-
-
-def load_points(store: ProfileStore, ctx: ProfileContext, keys: Iterable[str]) -> dict[str, list]:
-    """Points for the given signature keys only (missing keys map to an empty list)."""
-    everything = store.all_points(ctx)
-    return {k: everything.get(k, []) for k in keys}

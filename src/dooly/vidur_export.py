@@ -137,8 +137,9 @@ def export_vidur(
 ) -> tuple[Path, Path]:
     """Write ``out_dir/mlp.csv`` and ``out_dir/attention.csv`` for `model` from the profiles in `db`."""
     from dooly.engines import get_engine
-    from dooly.profiler import context_for, default_threads, model_traces, resolve_model
+    from dooly.profiler import context_for, default_threads, model_traces
     from dooly.store import ProfileStore
+    from dooly.zoo import resolve_model
 
     num_tokens = num_tokens or [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
     decode_batches = decode_batches or [1, 2, 4, 8, 16, 32]

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from dooly.batch import Batch
 from dooly.cli import app
+from dooly.profiler.savings import ModelSignatures, record_models, savings_of
 from dooly.report import build_report, save_result, savings_from_db, write_report
 from dooly.store import Measurement, ProfileContext, ProfileStore
 from dooly.vidur_export import vidur_op
@@ -30,18 +31,24 @@ def db(tmp_path):
     path = tmp_path / "profiles.db"
     ctx = ProfileContext("cpu-test")
     with ProfileStore(path) as store:
-        store.put_trace("hf-eager", "a", "prefill", _trace("a", ["s1", "s2", "s2"]))
-        store.put_trace("hf-eager", "b", "prefill", _trace("b", ["s2", "s3"]))
         for key, cost in (("s1", 1.0), ("s2", 2.0), ("s3", 4.0)):
+            store.register_signature(ctx, key, "{}", 1)
             store.put_point(ctx, key, {"tokens": 8}, Measurement(1e-3, 9e-4, 1.1e-3, 5, cost))
+        record_models(store, ctx, [ModelSignatures("a", {"s1": 1, "s2": 1})])
+        # a second calibration round's trace is cached under its own key: it is not a model
+        store.put_trace("hf-eager", "a#round2@h@v", "prefill", _trace("a#round2", ["s1", "s2"]))
+        record_models(store, ctx, [ModelSignatures("b", {"s2": 1, "s3": 1}), ModelSignatures("a", {"s1": 1, "s2": 1})])
     return path
 
 
-def test_savings_counts_each_signature_once(db):
-    rows = savings_from_db(db)
-    assert [r["model"] for r in rows] == ["a", "b"]
-    assert rows[0]["alone_s"] == pytest.approx(3.0) and rows[0]["with_reuse_s"] == pytest.approx(3.0)
-    assert rows[1]["alone_s"] == pytest.approx(6.0) and rows[1]["with_reuse_s"] == pytest.approx(4.0)
+def test_savings_counts_each_model_once_in_profiling_order(db):
+    [(ctx, sv)] = savings_from_db(db)
+    assert ctx == ProfileContext("cpu-test")
+    assert [(r.name, r.alone_s, r.marginal_s) for r in sv.models] == [("a", 3.0, 3.0), ("b", 6.0, 4.0)]
+    assert sv.saved_pct == pytest.approx(100 * (1 - 7 / 9))
+    with ProfileStore(db) as store:  # one model alone saves nothing, to the last digit
+        one = savings_of([ModelSignatures("b", {"s3": 1, "s2": 1, "s1": 1})], store, ctx)
+    assert one.saved_pct == 0.0 and one.describe().startswith("1 model: 7.0 device-s")
 
 
 def test_report_is_self_contained(db, tmp_path):
@@ -137,6 +144,7 @@ def test_vidur_export_layout(tmp_path, monkeypatch):
     import csv
 
     import dooly.profiler as profiler
+    import dooly.zoo as zoo
     from dooly.signature import ModelTrace, OpRecord, Signature, TensorSpec
     from dooly.vidur_export import export_vidur
 
@@ -169,7 +177,7 @@ def test_vidur_export_layout(tmp_path, monkeypatch):
                 )
     monkeypatch.setattr(profiler, "model_traces", lambda *a, **k: traces)
     monkeypatch.setattr(profiler, "context_for", lambda *a, **k: ctx)
-    monkeypatch.setattr(profiler, "resolve_model", lambda m: ("m", {"model_type": "llama", "hidden_size": 64,
+    monkeypatch.setattr(zoo, "resolve_model", lambda m: ("m", {"model_type": "llama", "hidden_size": 64,
                         "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}))  # fmt: skip
     mlp, attn = export_vidur("m", db, tmp_path / "vidur" / "m", num_tokens=[1, 2048], decode_batches=[1, 32],
                              kv_sizes=[16, 2048])  # fmt: skip

@@ -18,9 +18,9 @@ from dooly.predictor import (
     ValidationRow,
     choose_method,
     holdout_errors,
-    mape,
     method_errors,
-    run_to_run,
+    phase_mape,
+    round_spread,
 )
 
 
@@ -143,9 +143,9 @@ def test_run_to_run_spread_is_the_rounds_disagreement() -> None:
         ValidationRow("decode", {"kv_len": 8}, 1.0, 1.0, (1.0,)),  # one round: no spread to report
     ]
     assert rows[0].spread == pytest.approx(0.2)
-    assert run_to_run(rows, "prefill") == pytest.approx(10.0)
-    assert math.isnan(run_to_run(rows, "decode"))
-    assert mape(rows, "prefill") == pytest.approx(5.0)
+    assert round_spread(rows, "prefill") == pytest.approx(10.0)
+    assert math.isnan(round_spread(rows, "decode"))
+    assert phase_mape(rows, "prefill") == pytest.approx(5.0)
 
 
 def test_a_model_with_its_own_calibration_gets_its_own_overhead_fit(tmp_path: Path) -> None:

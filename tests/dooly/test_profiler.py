@@ -13,17 +13,8 @@ from test_profile_fixtures import seed_traces, tiny_config
 
 from dooly.engines import get_engine
 from dooly.errors import DoolyError
-from dooly.profiler import (
-    GridSpec,
-    TimerConfig,
-    _fresh,
-    _resident_storages,
-    evict_caches,
-    make_plan,
-    run_plan,
-    savings,
-    time_calls,
-)
+from dooly.profiler import GridSpec, TimerConfig, evict_caches, make_plan, run_plan, savings, time_calls
+from dooly.profiler.runner import _fresh, _resident_storages
 from dooly.store import ProfileStore
 
 FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)

@@ -7,9 +7,21 @@ import pytest
 import torch
 
 from dooly import serving
+from dooly.engines import get_engine
+from dooly.engines.hf import HFEagerEngine
+from dooly.engines.hf_serving import HFExecutor
 from dooly.simulator import SchedulerConfig, Workload
 
 transformers = pytest.importorskip("transformers")
+ENGINE = get_engine()
+
+
+def _build(cfg, seed: int = 0) -> torch.nn.Module:
+    """A float32 causal LM with random weights from a transformers config object."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -22,23 +34,18 @@ def tiny_model():
         num_key_value_heads=2,
         vocab_size=512,
     )
-    return serving.build_model(cfg, seed=0)
+    return _build(cfg, seed=0)
 
 
 def _serve_and_capture(model, workload, config):
     holder = {}
 
-    class Spy(serving.HFExecutor):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            holder["ex"] = self
+    class Spy(HFEagerEngine):
+        def executor(self, *a, **k):
+            holder["ex"] = super().executor(*a, **k)
+            return holder["ex"]
 
-    orig = serving.HFExecutor
-    serving.HFExecutor = Spy
-    try:
-        res = serving.serve(workload, model, config, threads=1, warmup=False)
-    finally:
-        serving.HFExecutor = orig
+    res = serving.serve(workload, model, config, Spy(), threads=1, warmup=False)
     return res, holder["ex"]
 
 
@@ -75,7 +82,7 @@ def test_tokens_match_unbatched_greedy(tiny_model, config):
 
 def test_measured_metrics_are_consistent(tiny_model):
     w = Workload(np.array([0.0, 0.01, 0.02, 0.03]), np.array([16, 24, 8, 12]), np.array([5, 3, 6, 1]))
-    res = serving.serve(w, tiny_model, SchedulerConfig(max_num_seqs=2), threads=1, warmup=True)
+    res = serving.serve(w, tiny_model, SchedulerConfig(max_num_seqs=2), ENGINE, threads=1, warmup=True)
     m = res.metrics
     assert np.all(m.ttft > 0) and np.all(m.ttft <= m.e2e)
     assert np.isnan(m.tpot[3]) and np.all(m.tpot[:3] > 0)
@@ -93,34 +100,34 @@ def test_sliding_window_models_are_refused():
         vocab_size=512,
         sliding_window=16,
     )
-    model = serving.build_model(cfg)
+    model = _build(cfg)
     from dooly.errors import DoolyError
 
     with pytest.raises(DoolyError, match="full-attention"):
-        serving.HFExecutor(model, 2, 64)
+        HFExecutor(model, 2, 64)
 
 
 def test_thread_clock_is_a_virtual_timeline(tiny_model):
     # the second request arrives 1000 s later: the thread clock jumps the idle gap instead of sleeping
     w = Workload(np.array([0.0, 1000.0]), np.array([12, 12]), np.array([4, 4]))
-    res = serving.serve(w, tiny_model, SchedulerConfig(), threads=1, warmup=False, clock="thread")
+    res = serving.serve(w, tiny_model, SchedulerConfig(), ENGINE, threads=1, warmup=False, clock="thread")
     its = res.iterations
     assert all(b.start >= a.end for a, b in zip(its, its[1:], strict=False))  # one iteration at a time
     assert its[-1].end > 1000.0 and res.metrics.e2e.max() < 60.0
     np.testing.assert_allclose(res.metrics.ttft[1], its[[i.start >= 1000 for i in its].index(True)].end - 1000.0)
     with pytest.raises(serving.DoolyError, match="unknown clock"):
-        serving.serve(w, tiny_model, SchedulerConfig(), clock="sundial")
+        serving.serve(w, tiny_model, SchedulerConfig(), ENGINE, clock="sundial")
 
 
 def test_real_runs_average_and_their_spread(tiny_model):
     w = Workload(np.array([0.0, 0.0, 5.0]), np.array([12, 20, 8]), np.array([4, 3, 5]))
-    runs = [serving.serve(w, tiny_model, SchedulerConfig(), threads=1, clock="thread") for _ in range(2)]
+    runs = [serving.serve(w, tiny_model, SchedulerConfig(), ENGINE, threads=1, clock="thread") for _ in range(2)]
     avg = serving.average_runs(runs)
     a, b = runs[0].metrics, runs[1].metrics
     np.testing.assert_allclose(avg.metrics.ttft, (a.ttft + b.ttft) / 2)  # median of two runs = their mean
     assert avg.batches is runs[0].batches  # same schedule: the first run's iterations stand for all
-    spread = serving.run_to_run(runs)
+    spread = serving.request_spread(runs)
     want = np.mean(np.abs(a.ttft - b.ttft) / ((a.ttft + b.ttft) / 2)) * 100
     assert spread["ttft"] == pytest.approx(want) and spread["tpot"] >= 0
-    assert serving.run_to_run(runs[:1])["ttft"] != serving.run_to_run(runs[:1])["ttft"]  # NaN with one run
+    assert serving.request_spread(runs[:1])["ttft"] != serving.request_spread(runs[:1])["ttft"]  # NaN with one run
     assert serving.average_runs(runs[:1]) is runs[0]

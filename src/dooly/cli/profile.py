@@ -50,11 +50,7 @@ def _print_savings(plan, store) -> None:  # type: ignore[no-untyped-def]
         t.add_row(r.name, str(r.signatures), str(r.new), str(r.reused_models), str(r.reused_db),
                   f"{r.alone_s:.1f}", f"{r.marginal_s:.1f}")  # fmt: skip
     out.print(t)
-    est = "" if sv.measured_share >= 0.999 else f" ({100 * (1 - sv.measured_share):.0f}% of signatures estimated)"
-    out.print(
-        f"profiling cost: {sv.with_reuse_s:.1f} device-s with cross-model reuse vs {sv.without_reuse_s:.1f} "
-        f"device-s each model alone: {sv.saved_pct:.1f}% saved{est}"
-    )
+    out.print(f"profiling cost: {sv.describe()}")
     out.print(f"to profile now: {len(plan.jobs)} jobs, {plan.todo_points} points; "
               f"{len(plan.known)} signatures already in the DB")  # fmt: skip
 
@@ -92,8 +88,9 @@ def profile_cmd(
     ),
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
-    from dooly.profiler import calibrate, failures, make_plan, resolve_model, run_plan
+    from dooly.profiler import calibrate, failures, make_plan, run_plan
     from dooly.store import ProfileStore
+    from dooly.zoo import resolve_model
 
     engine, threads = _setup(device, dtype, threads)
     with ProfileStore(db) as store:
@@ -143,9 +140,10 @@ def validate_cmd(
     apart on this machine. A prediction cannot agree with a measurement better than that.
     """
     from dooly.errors import DoolyError
-    from dooly.predictor import Predictor, mape, method_errors, run_to_run, validate_model
-    from dooly.profiler import context_for, resolve_model
+    from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
+    from dooly.profiler import context_for
     from dooly.store import ProfileStore
+    from dooly.zoo import resolve_model
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
@@ -172,8 +170,8 @@ def validate_cmd(
         t.add_row(r.phase, shape, f"{r.measured_s * 1e3:.2f}", " / ".join(f"{x * 1e3:.1f}" for x in r.rounds_s),
                   f"{r.predicted_s * 1e3:.2f}", f"{r.error * 100:.1f}")  # fmt: skip
     out.print(t)
-    out.print(f"MAPE prefill {mape(rows, 'prefill'):.1f}%  decode {mape(rows, 'decode'):.1f}%  "
-              f"all {mape(rows):.1f}%")  # fmt: skip
+    out.print(f"MAPE prefill {phase_mape(rows, 'prefill'):.1f}%  decode {phase_mape(rows, 'decode'):.1f}%  "
+              f"all {phase_mape(rows):.1f}%")  # fmt: skip
     if rounds > 1:
-        out.print(f"run-to-run spread of the measurements (noise floor): prefill {run_to_run(rows, 'prefill'):.1f}%  "
-                  f"decode {run_to_run(rows, 'decode'):.1f}%  all {run_to_run(rows):.1f}%")  # fmt: skip
+        out.print(f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
+                  f"decode {round_spread(rows, 'decode'):.1f}%  all {round_spread(rows):.1f}%")  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dooly.cli.app import app
+from dooly.engines import DEFAULT_ENGINE
 from dooly.errors import DoolyError
 
 out = Console()
@@ -33,27 +33,34 @@ def _sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int
     )
 
 
-def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: int | None = None):
+_ENGINE_HELP = "Inference engine the model was profiled with (hf-eager)."
+
+
+def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: int | None = None,
+                       engine: str = DEFAULT_ENGINE):  # fmt: skip
     """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings)."""
     from dooly.engines import get_engine
     from dooly.predictor import Predictor
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
-    return Predictor.for_model(model, db, get_engine(dtype=dtype), threads=threads)
+    return Predictor.for_model(model, db, get_engine(engine, dtype=dtype), threads=threads)
 
 
 SIM_HELP = "Workload: a CSV/JSONL trace or a generator spec such as poisson:n=64,rate=2,prompt=32-256,output=16"
 
 
 def memory_model(model: str, memory_gb: float, utilization: float, dtype: str, kv_cache_dtype: str,
-                 activation_gb: float | None):  # fmt: skip
+                 activation_gb: float | None, engine: str = DEFAULT_ENGINE):  # fmt: skip
     """MODEL's memory model on a device of `memory_gb` GiB (its config from the zoo or a config path)."""
+    from dooly.engines import get_engine
     from dooly.simulator import MemoryModel
+    from dooly.zoo import resolve_model
 
     return MemoryModel(
-        resolve_config(model), memory_gb, utilization, dtype, kv_cache_dtype, activation_gb, name=Path(model).stem
-    )
+        resolve_model(model)[1], memory_gb, utilization, dtype, kv_cache_dtype, activation_gb, name=Path(model).stem,
+        engine=get_engine(engine, dtype=dtype),
+    )  # fmt: skip
 
 
 ROUTER_HELP = (
@@ -95,70 +102,64 @@ def simulate(
     slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="SLO on p90 TPOT, seconds."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write per-request (or sweep) CSV here."),
     dtype: str = typer.Option("bfloat16", help="Engine dtype the model was profiled with."),
+    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=_ENGINE_HELP),
 ) -> None:
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
-    from dataclasses import replace
-
     from dooly.report import save_result
     from dooly.simulator import make_router, parse_workload
-    from dooly.simulator import simulate as run_sim
-    from dooly.simulator.search import SLO, best, config_grid
-    from dooly.simulator.search import sweep as run_sweep
+    from dooly.simulator.memory import DEFAULT_KV_BLOCKS, size_kv_cache
+    from dooly.simulator.search import SLO, config_grid
+    from dooly.simulator.study import run_study
 
     make_router(router)  # an unknown name fails before any work
     w = parse_workload(workload)
-    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks or 4096)
-    mem = plan = None
+    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
+    mem = None
     if memory_gb is not None:
-        mem = memory_model(model, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb)
-        plan = mem.plan_for(cfg)
-        out.print(f"KV cache: {plan.describe()}")
-        if kv_blocks is None:
-            cfg = replace(cfg, num_kv_blocks=plan.num_blocks)
-            out.print(f"KV cache: {plan.num_blocks} blocks per replica, derived from memory")
+        mem = memory_model(model, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
+    kv = size_kv_cache(cfg, mem, kv_blocks)
+    if kv.plan is not None:
+        out.print(f"KV cache: {kv.plan.describe()}")
+        if kv.explicit:
+            out.print(f"KV cache: {kv_blocks} blocks per replica from --num-kv-blocks "
+                      f"(memory would give {kv.plan.num_blocks})")  # fmt: skip
         else:
-            out.print(
-                f"KV cache: {kv_blocks} blocks per replica from --num-kv-blocks (memory would give {plan.num_blocks})"
-            )
-    latency = load_latency_model(model, db, dtype)
-
-    res = run_sim(w, latency, cfg, num_replicas=replicas, router=router, router_seed=router_seed)
-    payload = {"kind": "simulation", "model": model, "workload": workload, "config": cfg.label(),
-               "num_kv_blocks": cfg.num_kv_blocks, "replicas": replicas, "router": router,
-               "memory": plan.describe() if plan else None,
-               "summary": res.summary.row(), "ttft": res.metrics.ttft, "e2e": res.metrics.e2e}  # fmt: skip
+            out.print(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
+    latency = load_latency_model(model, db, dtype, None, engine)
+    name = f"simulation-{Path(model).stem}"
     if not sweep:
+        study = run_study(model, workload, w, latency, kv, mem, replicas, router, router_seed)
+        cfg, res = kv.config, study.result
         title = f"{model}: {len(w)} requests, {cfg.label()} kv_blocks={cfg.num_kv_blocks}"
         if replicas > 1:
             title += f", {replicas} replicas ({router})"
         print_summary(res.summary, title)
         if replicas > 1:
             out.print(f"requests per replica: {', '.join(map(str, res.replica_counts()))}")
-        save_result(db, f"simulation-{Path(model).stem}", payload)
+        save_result(db, name, study.payload())
         if output:
             res.metrics.save_csv(output)
             out.print(f"per-request metrics: {output}")
         return
-    slo = SLO(slo_ttft, slo_tpot)
-    configs = config_grid(cfg)
-    per_config_kv = mem is not None and kv_blocks is None  # each token budget leaves its own KV blocks
+    configs = config_grid(kv.config)
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulating configs", total=len(configs))
-        points = run_sweep(
-            w,
-            latency,
-            configs,
-            slo,
-            replicas,
-            progress=lambda: bar.advance(task),
-            memory=mem if per_config_kv else None,
-            router=router,
-            router_seed=router_seed,
-        )
-    top = best(points)
+        study = run_study(model, workload, w, latency, kv, mem, replicas, router, router_seed,
+                          SLO(slo_ttft, slo_tpot), configs, progress=lambda: bar.advance(task))  # fmt: skip
+    print_sweep(study)
+    save_result(db, name, study.payload())
+    if output:
+        from dooly.report import write_sweep_csv
+
+        write_sweep_csv(study.points, output)
+        out.print(f"sweep table: {output}")
+
+
+def print_sweep(study) -> None:  # type: ignore[no-untyped-def]
+    top, per_config_kv = study.best, study.kv.per_config
     cols = ["seqs", "tokens", "chunked"] + (["KV blocks"] if per_config_kv else [])
     table = Table(*cols, "TTFT p90 s", "TPOT p90 s", "e2e p90 s", "tok/s", "SLO", box=None)
-    for p in points:
+    for p in study.points:
         s = p.summary
         row = [
             str(p.config.max_num_seqs),
@@ -175,27 +176,12 @@ def simulate(
                       f"{s.throughput_tokens:.1f}", verdict)  # fmt: skip
     out.print(table)
     if top is None:
-        out.print(f"no configuration meets {slo.describe()}")
+        out.print(f"no configuration meets {study.slo.describe()}")
     else:
         out.print(
-            f"best under {slo.describe()}: [bold]{top.config.label()}[/] "
+            f"best under {study.slo.describe()}: [bold]{top.config.label()}[/] "
             f"({top.summary.throughput_tokens:.1f} tok/s, TTFT p90 {_ms(top.summary.ttft['p90'])} ms)"
         )
-    payload.update(slo=slo.describe(), best=top.config.label() if top else "none meets the SLO")
-    payload["sweep"] = [
-        {"max_num_seqs": p.config.max_num_seqs, "max_num_batched_tokens": p.config.max_num_batched_tokens,
-         "chunked": p.config.chunked_prefill, "num_kv_blocks": p.config.num_kv_blocks,
-         "ttft_p90_s": p.summary.ttft["p90"] if p.summary else float("nan"),
-         "tpot_p90_s": p.summary.tpot["p90"] if p.summary else float("nan"),
-         "tok_per_s": p.summary.throughput_tokens if p.summary else float("nan"), "meets_slo": p.meets_slo}
-        for p in points
-    ]  # fmt: skip
-    save_result(db, f"simulation-{Path(model).stem}", payload)
-    if output:
-        from dooly.report import write_sweep_csv
-
-        write_sweep_csv(points, output)
-        out.print(f"sweep table: {output}")
 
 
 def _infeasible(reason: str) -> str:
@@ -220,32 +206,10 @@ def print_summary(s, title: str) -> None:
     )
 
 
-def resolve_config(model: str) -> dict:
-    """A model's config dict: a JSON file, a directory with config.json, or a zoo name."""
-    try:
-        from dooly.zoo import load_config
-    except ImportError:  # the zoo module is optional here: fall back to reading the file ourselves
-        load_config = None
-    if load_config is not None:
-        found = load_config(model)
-        return dict(getattr(found, "config", found))
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.exists():
-        path = Path(__file__).resolve().parents[1] / "zoo" / f"{model}.json"
-    if not path.exists():
-        raise DoolyError(f"{model}: neither a config file nor a zoo model")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DoolyError(f"{path}: not a JSON model config ({exc})") from None
-    return cfg.get("config", cfg) if isinstance(cfg, dict) else {}
-
-
 def run_validation(
-    model: str, db: Path, workload: str, cfg, threads: int, dtype: str, clock: str, real_runs: int = 2
-) -> dict:
+    model: str, db: Path, workload: str, cfg, threads: int, dtype: str, clock: str, real_runs: int = 2,
+    engine: str = DEFAULT_ENGINE,
+) -> dict:  # fmt: skip
     """Serve `workload` on the real engine `real_runs` times, simulate it from the profiles, return the payload.
 
     The simulator is scored against each request's median over the real runs; the runs' own spread is
@@ -253,15 +217,16 @@ def run_validation(
     """
     import numpy as np
 
-    from dooly.engines.hf import HFEagerEngine
-    from dooly.serving import average_runs, compare, run_to_run, serve
+    from dooly.engines import get_engine
+    from dooly.serving import average_runs, compare, request_spread, serve
     from dooly.simulator import CachedLatency, parse_workload
     from dooly.simulator import simulate as run_sim
+    from dooly.zoo import resolve_model
 
     w = parse_workload(workload)
-    latency = CachedLatency(load_latency_model(model, db, dtype, threads))
-    engine = HFEagerEngine(device="cpu", dtype=dtype)
-    hf_model = engine.build_model(resolve_config(model))
+    latency = CachedLatency(load_latency_model(model, db, dtype, threads, engine))
+    eng = get_engine(engine, device="cpu", dtype=dtype)
+    served = eng.build_model(resolve_model(model)[1])
     runs = []
     with Progress(console=Console(stderr=True), transient=True) as bar:
         for k in range(real_runs):
@@ -271,8 +236,9 @@ def run_validation(
             runs.append(
                 serve(
                     w,
-                    hf_model,
+                    served,
                     cfg,
+                    eng,
                     threads=threads,
                     on_iteration=lambda it, task=task: bar.advance(task, it.num_decode + it.num_prefill),
                     clock=clock,
@@ -292,7 +258,7 @@ def run_validation(
         "table": v.rows,
         "iteration_mape": v.iteration_mape,
         "real_runs": real_runs,
-        "run_to_run_pct": run_to_run(runs),
+        "run_to_run_pct": request_spread(runs),
         "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
         "simulated": {"ttft": simulated.metrics.ttft, "tpot": simulated.metrics.tpot, "e2e": simulated.metrics.e2e},
         "iterations": {"measured": np.array([it.end - it.start for it in measured.iterations]), "predicted": pred},
@@ -335,6 +301,7 @@ def validate_serving(
     real_runs: int = typer.Option(
         2, "--real-runs", min=1, help="Serve the workload this many times; their spread is the noise floor."
     ),
+    engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=_ENGINE_HELP),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
     from dooly.profiler import default_threads
@@ -346,7 +313,7 @@ def validate_serving(
 
         clock = default_clock("cpu", threads)
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
-    payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs)
+    payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs, engine)
     print_validation(payload)
     mode = "chunked" if chunked else "whole"
     path = save_result(db, f"validation-{Path(model).stem}-{mode}{max_tokens}-seqs{max_seqs}", payload)

@@ -1,20 +1,43 @@
-"""Inference engines behind one interface (:class:`Engine`); the default is HF transformers eager on the CPU."""
+"""Inference engines behind one interface (:class:`Engine`), found by name in a registry.
+
+The default is HF transformers eager on the CPU. Another engine (vLLM, say) registers a factory under its
+name with :func:`register_engine`; every command that takes ``--engine`` then finds it.
+"""
 
 from __future__ import annotations
 
-from dooly.engines.base import Engine, RequestShape
+from collections.abc import Callable
+
+from dooly.engines.base import Engine, Executor, RequestShape
 from dooly.errors import DoolyError
 
-ENGINES = ("hf-eager",)
+DEFAULT_ENGINE = "hf-eager"
 
 
-def get_engine(name: str = "hf-eager", device: str = "cpu", dtype: str = "bfloat16") -> Engine:
+def _hf_eager(device: str, dtype: str) -> Engine:
+    from dooly.engines.hf import HFEagerEngine  # transformers is imported only when the engine is used
+
+    return HFEagerEngine(device=device, dtype=dtype)
+
+
+_REGISTRY: dict[str, Callable[[str, str], Engine]] = {"hf-eager": _hf_eager}
+
+
+def register_engine(name: str, factory: Callable[[str, str], Engine]) -> None:
+    """Make ``get_engine(name, device, dtype)`` build ``factory(device, dtype)``."""
+    _REGISTRY[name] = factory
+
+
+def engine_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_engine(name: str = DEFAULT_ENGINE, device: str = "cpu", dtype: str = "bfloat16") -> Engine:
     """An engine by name (``"hf-eager"``) on ``device`` (``"cpu"``, ``"cuda"``) with weights in ``dtype``."""
-    if name == "hf-eager":
-        from dooly.engines.hf import HFEagerEngine
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise DoolyError(f"unknown engine {name!r} (known: {', '.join(_REGISTRY)})")
+    return factory(device, dtype)
 
-        return HFEagerEngine(device=device, dtype=dtype)
-    raise DoolyError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})")
 
-
-__all__ = ["ENGINES", "Engine", "RequestShape", "get_engine"]
+__all__ = ["DEFAULT_ENGINE", "Engine", "Executor", "RequestShape", "engine_names", "get_engine", "register_engine"]

@@ -7,8 +7,12 @@ sizes, so nothing is allocated and the recorded shapes carry provenance; the pro
 call the very same methods on real tensors (for example on a one-layer model, see ``num_layers``) to set up
 stateful operators such as attention over a filled KV cache ("context reuse") and to time real iterations.
 
+Serving validation runs whole engine iterations through the engine's :class:`Executor` (``executor``), and
+the memory model reads the architecture through ``architecture`` and ``num_parameters``.
+
 Implementations: :class:`dooly.engines.hf.HFEagerEngine` (Hugging Face transformers, eager, CPU default, CUDA
-when asked). A vLLM engine would implement the same five methods.
+when asked), registered in :mod:`dooly.engines`. A vLLM engine would implement the same methods and register
+itself there.
 """
 
 from __future__ import annotations
@@ -17,7 +21,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from dooly.errors import DoolyError
+
+if TYPE_CHECKING:
+    from dooly.simulator.entities import Request, ScheduledBatch
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,15 @@ class RequestShape:
     def decode(cls, requests: int, kv_len: int) -> RequestShape:
         return cls(requests, 1, kv_len)
 
-    def as_dict(self) -> dict[str, int]:
-        return {"requests": self.requests, "tokens": self.tokens, "kv_len": self.kv_len}
+
+class Executor(Protocol):
+    """Runs the iterations a scheduler decides on a real model, keeping every running request's KV cache."""
+
+    def run(self, batch: ScheduledBatch) -> None:
+        """Execute one iteration: each prefill chunk, then every decoding request, advancing their caches."""
+
+    def release(self, req: Request) -> None:
+        """Forget a request's cache (it finished or was preempted)."""
 
 
 class Engine(ABC):
@@ -89,3 +105,17 @@ class Engine(ABC):
     def describe(self, model: Any) -> dict[str, Any]:
         """Engine settings the model runs with (attention implementation, dtype, ...), for trace metadata."""
         return {"engine": self.engine_id}
+
+    def executor(self, model: Any, max_num_seqs: int, max_len: int) -> Executor:
+        """An executor serving up to ``max_num_seqs`` requests of at most ``max_len`` tokens on ``model``."""
+        raise DoolyError(f"engine {self.name} cannot serve iterations (no executor)")
+
+    def architecture(self, config: Mapping[str, Any]) -> Any:
+        """The config as an object with transformers' attribute names (``num_hidden_layers``, ``head_dim``,
+        ``get_text_config`` ...), as the memory model reads it."""
+        raise DoolyError(f"engine {self.name} does not describe architectures")
+
+    def num_parameters(self, config: Any) -> int:
+        """Parameters of the model built from ``config`` (a config dict, or what ``architecture`` returned),
+        tied weights counted once."""
+        raise DoolyError(f"engine {self.name} does not count parameters")

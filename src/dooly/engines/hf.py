@@ -115,6 +115,28 @@ class HFEagerEngine(Engine):
         finally:
             import_utils.is_fake_tensor = original
 
+    def architecture(self, config: Mapping[str, Any]) -> Any:
+        return self.hf_config(config)
+
+    def num_parameters(self, config: Any) -> int:
+        """Parameters of the causal LM built on the meta device (no weight memory; tied weights count once)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        arch = config if not isinstance(config, Mapping) else self.hf_config(config)
+        try:
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = AutoModelForCausalLM.from_config(arch)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DoolyError(f"cannot build {getattr(arch, 'model_type', '?')!r} to count parameters: {exc}") from None
+        return sum(p.numel() for p in model.parameters())
+
+    def executor(self, model: Any, max_num_seqs: int, max_len: int) -> Any:
+        from dooly.engines.hf_serving import HFExecutor
+
+        return HFExecutor(model, max_num_seqs, max_len)
+
     def describe(self, model: Any) -> dict[str, Any]:
         cfg = model.config
         return {

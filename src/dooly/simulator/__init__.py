@@ -3,7 +3,7 @@ workloads, metrics, and KV-cache sizing from device memory."""
 
 from dooly.simulator.entities import KVCache, Request, ScheduledBatch
 from dooly.simulator.memory import KVLayout, MemoryModel, MemoryPlan, kv_layout
-from dooly.simulator.metrics import RequestMetrics, Summary, mape, summarize
+from dooly.simulator.metrics import RequestMetrics, Summary, summarize
 from dooly.simulator.router import ROUTERS, Router, make_router
 from dooly.simulator.scheduler import ReplicaScheduler, SchedulerConfig
 from dooly.simulator.simulator import CachedLatency, LatencyModel, SimulationResult, simulate
@@ -30,7 +30,6 @@ __all__ = [
     "kv_layout",
     "load_workload",
     "make_router",
-    "mape",
     "parse_workload",
     "simulate",
     "summarize",

@@ -5,10 +5,10 @@ peak activation memory of a dummy forward pass (``max_num_batched_tokens`` token
 sampled) are set aside, and cuts it into blocks of ``block_size`` tokens. One cached token costs
 ``2 (K and V) x layers x KV heads x head dim x KV dtype bytes``.
 
-Everything comes from the transformers config, with no architecture names: layers, KV heads (grouped-query
-attention's ``num_key_value_heads``, else the attention heads), head dim (``head_dim``, else hidden size /
-heads), and the parameter count (the model is built on the ``meta`` device, so no weight memory is
-allocated and tied embeddings count once).
+Everything comes from the config as the engine reads it (transformers' attribute names), with no
+architecture names: layers, KV heads (grouped-query attention's ``num_key_value_heads``, else the attention
+heads), head dim (``head_dim``, else hidden size / heads), and the engine's parameter count (HF eager builds
+the model on the ``meta`` device, so no weight memory is allocated and tied embeddings count once).
 
 Approximations, each on the safe side (fewer blocks than a real engine may get) unless said otherwise:
 
@@ -23,12 +23,12 @@ Approximations, each on the safe side (fewer blocks than a real engine may get) 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from dooly.engines import Engine, get_engine
 from dooly.errors import DoolyError
 from dooly.simulator.scheduler import SchedulerConfig
 
@@ -88,20 +88,6 @@ def kv_layout(hf_config: Any, kv_dtype_bytes: int) -> KVLayout:
         window = getattr(t, "sliding_window", None)
         sliding = layers if window and getattr(t, "use_sliding_window", True) is not False else 0
     return KVLayout(layers, kv_heads, head_dim, kv_dtype_bytes, sliding)
-
-
-def parameter_count(hf_config: Any) -> int:
-    """Parameters of the causal LM built from `hf_config` on the meta device (tied weights counted once)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_config(hf_config)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DoolyError(f"cannot build {getattr(hf_config, 'model_type', '?')!r} to count parameters: {exc}") from None
-    return sum(p.numel() for p in model.parameters())
 
 
 def activation_reserve_bytes(hf_config: Any, max_num_batched_tokens: int, max_num_seqs: int, act_bytes: int) -> int:
@@ -177,6 +163,7 @@ class MemoryModel:
         activation_gb: float | None = None,
         name: str = "model",
         num_params: int | None = None,
+        engine: Engine | None = None,
     ) -> None:
         if not memory_gb > 0:
             raise DoolyError(f"{name}: device memory must be > 0 GiB, got {memory_gb}")
@@ -184,10 +171,9 @@ class MemoryModel:
             raise DoolyError(f"{name}: gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         if activation_gb is not None and activation_gb < 0:
             raise DoolyError(f"{name}: activation reserve must be >= 0 GiB, got {activation_gb}")
+        self.engine = engine or get_engine(dtype=dtype)
         if isinstance(config, Mapping):
-            from dooly.engines.hf import HFEagerEngine
-
-            config = HFEagerEngine(dtype=dtype).hf_config(config)
+            config = self.engine.architecture(config)
         self.hf_config = config
         self.name = name
         self.memory_bytes = int(memory_gb * GIB)
@@ -200,7 +186,7 @@ class MemoryModel:
 
     @cached_property
     def num_params(self) -> int:
-        return self._num_params if self._num_params is not None else parameter_count(self.hf_config)
+        return self._num_params if self._num_params is not None else self.engine.num_parameters(self.hf_config)
 
     @property
     def weight_bytes(self) -> int:
@@ -232,3 +218,31 @@ class MemoryModel:
     def configure(self, cfg: SchedulerConfig) -> SchedulerConfig:
         """`cfg` with ``num_kv_blocks`` derived from memory."""
         return replace(cfg, num_kv_blocks=self.plan_for(cfg).num_blocks)
+
+
+@dataclass(frozen=True)
+class KVSizing:
+    """Where a simulation's KV blocks come from: an explicit count, device memory, or the default."""
+
+    config: SchedulerConfig  # with ``num_kv_blocks`` set
+    plan: MemoryPlan | None  # the memory split, when device memory was given
+    explicit: bool  # the block count was given explicitly (memory, if any, only reported beside it)
+
+    @property
+    def per_config(self) -> bool:
+        """Whether a sweep derives each configuration's blocks from memory (its own activation reserve)."""
+        return self.plan is not None and not self.explicit
+
+
+DEFAULT_KV_BLOCKS = 4096
+
+
+def size_kv_cache(cfg: SchedulerConfig, memory: MemoryModel | None, kv_blocks: int | None) -> KVSizing:
+    """``cfg`` with its KV blocks: ``kv_blocks`` when given, else derived from ``memory``, else the default."""
+    cfg = replace(cfg, num_kv_blocks=kv_blocks or DEFAULT_KV_BLOCKS)
+    if memory is None:
+        return KVSizing(cfg, None, kv_blocks is not None)
+    plan = memory.plan_for(cfg)
+    if kv_blocks is None:
+        cfg = replace(cfg, num_kv_blocks=plan.num_blocks)
+    return KVSizing(cfg, plan, kv_blocks is not None)

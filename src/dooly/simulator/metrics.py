@@ -130,19 +130,3 @@ def summarize(metrics: RequestMetrics, iterations: list[IterationRecord]) -> Sum
         preemptions=int(metrics.preemptions.sum()),
         iterations=len(iterations),
     )
-
-
-def kv_usage_series(iterations: list[IterationRecord]) -> tuple[np.ndarray, np.ndarray]:
-    """(time, fraction of KV blocks in use) at each iteration start."""
-    t = np.array([it.start for it in iterations])
-    u = np.array([it.kv_blocks_used / it.kv_blocks_total for it in iterations])
-    return t, u
-
-
-def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    """Mean absolute percentage error, in percent, over finite pairs with a non-zero measurement."""
-    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
-    ok = np.isfinite(p) & np.isfinite(m) & (m != 0)
-    if not ok.any():
-        return float("nan")
-    return float(np.mean(np.abs(p[ok] - m[ok]) / np.abs(m[ok])) * 100)

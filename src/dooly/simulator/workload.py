@@ -61,10 +61,6 @@ class Workload:
             for i, (a, p, o) in enumerate(zip(self.arrival, self.prompt, self.output, strict=True))
         ]
 
-    def with_rate(self, scale: float) -> Workload:
-        """Same requests with arrival times divided by `scale` (scale > 1 means more load)."""
-        return Workload(self.arrival / scale, self.prompt, self.output, f"{self.name}x{scale:g}")
-
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:

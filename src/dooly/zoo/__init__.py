@@ -8,6 +8,7 @@ holds one, so a model outside the zoo is traced the same way (nothing downloads)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -86,4 +87,46 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
     return ModelConfig(name=name or path.stem, config=doc, source=str(path), family=str(doc["model_type"]))
 
 
-__all__ = ["ModelConfig", "list_models", "load_config"]
+def resolve_model(model: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(name, config dict)`` for a zoo name, a config.json path, a model directory, or a config dict.
+
+    The one lookup every command goes through, so a model means the same config everywhere.
+    """
+    if isinstance(model, Mapping):
+        cfg = dict(model)
+        return str(cfg.get("_name_or_path") or cfg.get("model_type")), cfg
+    mc = load_config(model)
+    return mc.name, dict(mc.config)
+
+
+def _text_fields(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    # multimodal configs nest the language model's fields under text_config
+    text = config.get("text_config")
+    return text if isinstance(text, Mapping) else config
+
+
+def num_layers(config: Mapping[str, Any]) -> int | None:
+    """Decoder layers of a config dict, under any of the names transformers configs use."""
+    t = _text_fields(config)
+    for k in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(t.get(k), int):
+            return int(t[k])
+    return None
+
+
+def max_positions(config: Mapping[str, Any]) -> int | None:
+    """Most positions one sequence may hold (None: unbounded).
+
+    The position table's size (past it the embedding lookup fails), or the attention window when the config
+    lists every layer as sliding (past it the cache stops growing, so longer contexts profile nothing new).
+    A window on only some layers, or one the config does not place, is no limit.
+    """
+    t = _text_fields(config)
+    limits = [int(t[k]) for k in ("max_position_embeddings", "n_positions", "n_ctx") if isinstance(t.get(k), int)]
+    window, types = t.get("sliding_window"), t.get("layer_types")
+    if isinstance(window, int) and window > 0 and types and all("sliding" in str(x) for x in types):
+        limits.append(window)
+    return min(limits) if limits else None
+
+
+__all__ = ["ModelConfig", "list_models", "load_config", "max_positions", "num_layers", "resolve_model"]

@@ -1,0 +1,59 @@
+"""Redundancy-aware profiler: time each unique operator signature once, over a grid of request values.
+
+The plan (:mod:`~dooly.profiler.plan`) is a list of independent jobs, one per forward context, for the
+signatures not yet complete in the profile DB; a job (:mod:`~dooly.profiler.runner`) materialises inputs of
+the signature's concrete shapes, warms up, times the operator with the device's clock
+(:mod:`~dooly.profiler.timing`) and commits every finished point to the :class:`~dooly.store.ProfileStore`
+at once, so a killed run resumes where it stopped. Jobs run in-process by default, or on a Ray cluster
+(:mod:`~dooly.profiler.cluster`). Real forwards of the whole model calibrate the framework overhead
+(:mod:`~dooly.profiler.calibrate`); :mod:`~dooly.profiler.savings` prices what reuse saved.
+"""
+
+from dooly.profiler.calibrate import CALIBRATION_ROUNDS, CALIBRATION_SHAPES, calibrate
+from dooly.profiler.plan import GridSpec, Job, ModelPlan, Plan, make_plan, shapes_within
+from dooly.profiler.runner import JobRunner, failures, run_plan
+from dooly.profiler.savings import ModelCost, Savings, profiled_savings, savings
+from dooly.profiler.timing import (
+    TimerConfig,
+    clock_of,
+    context_for,
+    default_clock,
+    default_threads,
+    evict_caches,
+    fixed_threads,
+    measure_forward,
+    time_calls,
+)
+from dooly.profiler.traces import PHASE_SYMBOLS, model_traces, trace_cache_key, tracer_version
+
+__all__ = [
+    "CALIBRATION_ROUNDS",
+    "CALIBRATION_SHAPES",
+    "PHASE_SYMBOLS",
+    "GridSpec",
+    "Job",
+    "JobRunner",
+    "ModelCost",
+    "ModelPlan",
+    "Plan",
+    "Savings",
+    "TimerConfig",
+    "calibrate",
+    "clock_of",
+    "context_for",
+    "default_clock",
+    "default_threads",
+    "evict_caches",
+    "failures",
+    "fixed_threads",
+    "make_plan",
+    "measure_forward",
+    "model_traces",
+    "profiled_savings",
+    "run_plan",
+    "savings",
+    "shapes_within",
+    "time_calls",
+    "trace_cache_key",
+    "tracer_version",
+]

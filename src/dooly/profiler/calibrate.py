@@ -1,0 +1,60 @@
+"""Calibration: real forwards of the full model, from which the predictor fits the framework overhead."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dooly.engines import Engine
+from dooly.profiler.plan import shapes_within
+from dooly.profiler.timing import clock_of, fixed_threads, measure_forward
+from dooly.signature import canonical_json
+from dooly.store import ProfileContext, ProfileStore, canonical_point
+from dooly.zoo import max_positions
+
+#: Shapes whose real forwards calibrate the framework overhead; off the grid and off the validation shapes.
+CALIBRATION_SHAPES: dict[str, list[dict[str, int]]] = {
+    "prefill": [
+        {"requests": 1, "tokens": 12}, {"requests": 1, "tokens": 64}, {"requests": 1, "tokens": 160},
+        {"requests": 2, "tokens": 72},
+    ],
+    "decode": [
+        {"requests": 1, "kv_len": 200}, {"requests": 2, "kv_len": 30}, {"requests": 4, "kv_len": 60},
+        {"requests": 8, "kv_len": 500}, {"requests": 20, "kv_len": 80},
+    ],
+}  # fmt: skip
+CALIBRATION_ROUNDS = 2  # every shape measured in interleaved rounds, so one slow minute does not skew the fit
+
+
+def calibrate(
+    name: str,
+    config: Mapping[str, Any],
+    store: ProfileStore,
+    engine: Engine,
+    ctx: ProfileContext,
+    shapes: Mapping[str, list[dict[str, int]]] | None = None,
+    threads: int | None = None,
+    repeats: int = 5,
+) -> float:
+    """Measure and store real forwards of the full model at the calibration shapes; returns seconds spent."""
+    import torch
+
+    shapes = shapes_within(shapes or CALIBRATION_SHAPES, max_positions(config))
+    store.put_trace("config", name, "config", canonical_json(dict(config)))
+    todo = []
+    for k in range(CALIBRATION_ROUNDS):
+        key = name if k == 0 else f"{name}#round{k + 1}"  # the overhead fit reads every round as its own rows
+        have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, key)}
+        todo += [(key, ph, v) for ph, vs in shapes.items() for v in vs if (ph, canonical_point(v)) not in have]
+    if not todo:
+        return 0.0
+    torch.manual_seed(0)
+    model = engine.build_model(config)
+    spent = 0.0
+    with fixed_threads(threads):
+        for key, ph, v in todo:
+            m = measure_forward(engine, model, ph, v, repeats=repeats, clock=clock_of(ctx))
+            store.put_forward(ctx, key, ph, v, m)
+            spent += m.cost_s
+    del model
+    return spent

@@ -1,0 +1,291 @@
+"""Running a plan's jobs: an engine-built forward context, materialised inputs, timing, commit per point.
+
+Jobs run in-process by default, or on a Ray cluster (:mod:`dooly.profiler.cluster`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dooly.engines import Engine, RequestShape
+from dooly.errors import DoolyError
+from dooly.profiler.cluster import run_on_ray
+from dooly.profiler.plan import Job, Plan
+from dooly.profiler.savings import record_profiled
+from dooly.profiler.timing import CLOCKS, TimerConfig, clock_of, fixed_threads, time_calls
+from dooly.signature import Signature, TensorSpec
+from dooly.store import Measurement, ProfileContext, ProfileStore
+
+_ROTATE_BYTES = 96 * 2**20  # > 2x a server L3: a rotated weight is never cache-hot, as in a real forward
+_ROTATE_MIN_TENSOR = 256 * 2**10
+
+
+class _Pool(TorchDispatchMode):
+    """Collects every tensor the engine's real forward touches, by (shape, stride, dtype): "context reuse"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensors: dict[tuple, Any] = {}
+        self.resident: set[int] = set()  # storages the pass reads but did not compute (see _resident_storages)
+
+    def add(self, t: Any) -> None:
+        import torch
+
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_meta:
+            self.tensors.setdefault((tuple(t.shape), tuple(t.stride()), t.dtype), t)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None):
+        from torch.utils._pytree import tree_leaves
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        for t in tree_leaves((args, kwargs, out)):
+            self.add(t)
+        return out
+
+
+def _resident_storages(model: Any, inputs: Mapping[str, Any]) -> set[int]:
+    """Storage addresses of what a forward reads but does not compute: weights, buffers, the KV cache passed in.
+
+    Inside a forward these were last touched a whole pass ago (cold in every cache), while everything the
+    pass computes, such as the cache extended by this step's keys, is read hot right after it is written.
+    The inputs are walked generically (dicts, sequences, object attributes) to reach the cache's tensors.
+    """
+    import torch
+
+    ptrs = {t.untyped_storage().data_ptr() for t in itertools.chain(model.parameters(), model.buffers())}
+    seen: set[int] = set()
+
+    def walk(x: Any, depth: int) -> None:
+        if isinstance(x, torch.Tensor):
+            ptrs.add(x.untyped_storage().data_ptr())
+            return
+        if depth > 4 or id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, Mapping):
+            items: Any = x.values()
+        elif isinstance(x, (list, tuple)):
+            items = x
+        elif hasattr(x, "__dict__"):
+            items = vars(x).values()
+        else:
+            return
+        for v in items:
+            walk(v, depth + 1)
+
+    walk(inputs, 0)
+    return ptrs
+
+
+def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    acc, out = 1, []
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(out))
+
+
+class JobRunner:
+    """Runs jobs in one process, keeping truncated models between jobs of the same model."""
+
+    def __init__(self, engine: Engine, store: ProfileStore, ctx: ProfileContext, timer: TimerConfig | None = None):
+        self.engine = engine
+        self.store = store
+        self.ctx = ctx
+        self.timer = timer or TimerConfig()
+        self.clock = clock_of(ctx)
+        self._models: dict[tuple[str, int], Any] = {}
+        self.stats = {"from_context": 0, "synthetic": 0, "points": 0, "failed": 0}
+
+    def _model(self, job: Job) -> Any:
+        key = (job.model, job.num_layers)
+        if key not in self._models:
+            self._models.clear()  # one model at a time keeps memory flat
+            import torch
+
+            torch.manual_seed(0)
+            self._models[key] = self.engine.build_model(job.config, num_layers=job.num_layers)
+        return self._models[key]
+
+    def run(self, job: Job) -> float:
+        """Time every item of ``job``, committing each point as it finishes. Returns device seconds spent."""
+        import torch
+
+        t0 = CLOCKS[self.clock]()
+        model = self._model(job)
+        req, tok, kv = job.shape
+        shape = RequestShape(req, tok, kv) if job.phase == "prefill" else RequestShape.decode(req, kv)
+        pool = _Pool()
+        inputs = self.engine.prepare(model, shape)
+        pool.resident = _resident_storages(model, inputs)  # before the forward replaces the cache's tensors
+        for v in inputs.values():
+            pool.add(v)
+        with pool:
+            self.engine.forward(model, inputs)
+        setup = CLOCKS[self.clock]() - t0
+        share = setup / max(1, len(job.items))  # the context's cost is part of each point's profiling cost
+        spent = setup
+        dev = torch.device(self.engine.device)
+        for key, sig_json, point in job.items:
+            sig = Signature.from_dict(json.loads(sig_json))
+            values = json.loads(point)
+            values_full = {"requests": req, "tokens": tok, "kv_len": kv, **values}
+            try:
+                call = self._materialise(sig, values_full, pool, dev)
+                with torch.no_grad():  # as the engine runs its forward
+                    m = time_calls(call, self.engine.device, self.timer, self.clock)
+            except Exception as exc:  # an op that cannot run standalone is reported, not fatal
+                self.stats["failed"] += 1
+                _log_failure(sig, values, exc)
+                continue
+            m = Measurement(m.median_s, m.p10_s, m.p90_s, m.repeats, m.cost_s + share)
+            self.store.put_point(self.ctx, key, values, m)
+            self.stats["points"] += 1
+            spent += m.cost_s - share
+        return spent
+
+    def _materialise(self, sig: Signature, values: Mapping[str, int], pool: _Pool, dev: Any) -> Callable[[int], Any]:
+        """The op as a callable of the rotation slot (see ``time_calls``)."""
+        import torch
+
+        rotated: dict[int, list[Any]] = {}
+
+        def make_tensor(i: int, spec: TensorSpec, shape: tuple[int, ...], stride: tuple[int, ...] | None) -> Any:
+            dtype = getattr(torch, spec.dtype)
+            stride = stride if stride is not None else _contiguous_stride(shape)
+            t = pool.tensors.get((tuple(shape), tuple(stride), dtype))
+            if t is None and spec.stride is None:
+                t = next((x for (s, _, d), x in pool.tensors.items() if s == tuple(shape) and d == dtype), None)
+                if t is not None and not t.is_contiguous():
+                    t = None
+            if t is not None:
+                self.stats["from_context"] += 1
+                # weights and the cache passed in were last touched a whole pass ago in a real forward: rotate
+                # copies of them so the timed op reads them cold, as it would there; what the pass computes
+                # (the cache extended by this step) is read hot there, so it is not rotated
+                cold = t.untyped_storage().data_ptr() in pool.resident
+            else:
+                self.stats["synthetic"] += 1
+                t = _fresh(shape, stride, dtype, dev)
+                cold = not spec.symbols() or "kv_len" in spec.symbols()  # no context: a weight or the cache
+            nbytes = t.numel() * t.element_size()
+            if cold and nbytes >= _ROTATE_MIN_TENSOR:
+                k = int(min(48, max(2, _ROTATE_BYTES // max(nbytes, 1))))
+                rotated[i] = [t] + [_fresh(shape, stride, dtype, dev, like=t) for _ in range(k - 1)]
+            return t
+
+        args, kwargs = sig.build_call(values, make_tensor)
+        func = _resolve_op(sig.op)
+        if not rotated:
+            return lambda _i: func(*args, **kwargs)
+
+        from torch.utils._pytree import tree_map
+
+        # one (args, kwargs) variant per rotation slot, built once so the timed loop only indexes a list
+        slot_of = {id(copies[0]): copies for copies in rotated.values()}
+        n = max(len(v) for v in rotated.values())
+        variants = []
+        for slot in range(n):
+
+            def swap(x: Any, slot: int = slot) -> Any:
+                copies = slot_of.get(id(x))
+                return copies[slot % len(copies)] if copies is not None else x
+
+            variants.append((tree_map(swap, list(args)), tree_map(swap, dict(kwargs))))
+        return lambda i: func(*variants[i % n][0], **variants[i % n][1])
+
+
+def _fresh(shape: Sequence[int], stride: Sequence[int], dtype: Any, dev: Any, like: Any = None) -> Any:
+    """A new tensor with exactly this shape and stride (stride 0 / overlapping layouts included).
+
+    Values: a copy of ``like`` when given, else small normals (floats), True (bools) or 0 (integers: an
+    index of 0 is in range of every table).
+    """
+    import torch
+
+    extent = 1 + sum((int(n) - 1) * int(st) for n, st in zip(shape, stride, strict=True) if int(n) > 0)
+    if any(int(n) == 0 for n in shape):
+        extent = 0
+    base = torch.empty(extent, dtype=dtype, device=dev)
+    if like is not None:
+        src = like.as_strided((like.untyped_storage().nbytes() // like.element_size(),), (1,), 0)
+        base.copy_(src[like.storage_offset() : like.storage_offset() + extent])
+    elif dtype.is_floating_point:
+        base.normal_(0, 0.02)
+    elif dtype == torch.bool:
+        base.fill_(True)
+    else:
+        base.zero_()
+    return base.as_strided(tuple(int(n) for n in shape), tuple(int(s) for s in stride))
+
+
+def _resolve_op(name: str) -> Any:
+    """``"aten.mm.default"`` -> ``torch.ops.aten.mm.default``."""
+    import torch
+
+    ns, op, overload = name.split(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except AttributeError:
+        raise DoolyError(f"operator {name} does not exist in this torch build") from None
+
+
+_FAILURES: list[str] = []
+
+
+def _log_failure(sig: Signature, values: Mapping[str, int], exc: Exception) -> None:
+    _FAILURES.append(f"{sig} at {dict(values)}: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def failures() -> list[str]:
+    """Ops that could not be timed standalone in this process (reported by the CLI)."""
+    return list(_FAILURES)
+
+
+def _finish(plan: Plan, store: ProfileStore) -> int:
+    """Mark every planned signature whose grid is fully measured as complete; return how many are."""
+    n = 0
+    for key, size in plan.grid_size.items():
+        if key in plan.known:
+            continue
+        if len(store.done_points(plan.ctx, key)) >= size:
+            store.mark_complete(plan.ctx, key)
+            n += 1
+    return n
+
+
+def run_plan(
+    plan: Plan,
+    store: ProfileStore,
+    engine: Engine,
+    *,
+    timer: TimerConfig | None = None,
+    threads: int | None = None,
+    ray_address: str | None = None,
+    on_job: Callable[[Job, float], None] | None = None,
+) -> dict[str, Any]:
+    """Execute the plan's jobs; every finished point is already committed when this returns or dies."""
+    t0 = time.perf_counter()
+    if ray_address:
+        spent = run_on_ray(plan, store, engine, timer, threads, ray_address, on_job)
+        stats: dict[str, Any] = {}
+    else:
+        runner = JobRunner(engine, store, plan.ctx, timer)
+        spent = 0.0
+        with fixed_threads(threads):
+            for job in plan.jobs:
+                s = runner.run(job)
+                spent += s
+                if on_job:
+                    on_job(job, s)
+        stats = dict(runner.stats)
+    stats.update({"device_s": spent, "wall_s": time.perf_counter() - t0, "completed": _finish(plan, store)})
+    record_profiled(plan, store)
+    return stats

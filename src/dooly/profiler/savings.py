@@ -1,0 +1,143 @@
+"""Savings accounting: profiling cost with cross-model reuse vs each model alone, one computation for all.
+
+``dooly plan`` and ``dooly profile`` price their plan's models; ``dooly report`` prices the models the DB
+records as profiled (each model once, in the order first profiled: calibration rounds and held-out
+measurements are not models). Both dedup repeated layers within a model (as Vidur) and price a signature
+by its measured cost, or, where nothing is measured yet, by its planned points at the DB's mean cost per
+point.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from dooly.profiler.plan import Plan
+from dooly.store import ProfileContext, ProfileStore
+
+# the record of profiled models lives in the traces table, under this engine key, one row per context
+_RECORD = ("profiled", "models")
+
+
+@dataclass(frozen=True)
+class ModelSignatures:
+    """A model as the savings see it: its unique signatures (both phases) and the points planned for each."""
+
+    name: str
+    points: dict[str, int]
+
+
+@dataclass
+class ModelCost:
+    name: str
+    signatures: int  # unique signatures of the model (both phases; repeated layers count once)
+    new: int  # profiled for this model (first in the list to need them, not already in the DB)
+    reused_models: int  # already needed by an earlier model in the list
+    reused_db: int  # already complete in the DB before this run
+    alone_s: float  # profiling cost of this model on its own (within-model reuse only)
+    marginal_s: float  # cost this model adds when profiled after the earlier ones, with reuse
+
+
+@dataclass
+class Savings:
+    models: list[ModelCost]
+    with_reuse_s: float
+    without_reuse_s: float
+    measured_share: float  # share of the signature costs that are measured (the rest estimated from the grid)
+
+    @property
+    def saved_pct(self) -> float:
+        return 100.0 * (1.0 - self.with_reuse_s / self.without_reuse_s) if self.without_reuse_s else 0.0
+
+    def describe(self) -> str:
+        """The one-line figure every command prints (so the CLI and the report cannot disagree in digits)."""
+        est = ""
+        if self.measured_share < 0.999:
+            est = f" ({100 * (1 - self.measured_share):.0f}% of signatures estimated)"
+        return (
+            f"{len(self.models)} model{'' if len(self.models) == 1 else 's'}: "
+            f"{self.with_reuse_s:.1f} device-s with cross-model reuse vs "
+            f"{self.without_reuse_s:.1f} device-s each model alone: {self.saved_pct:.1f}% saved{est}"
+        )
+
+
+def savings_of(
+    models: Sequence[ModelSignatures], store: ProfileStore, ctx: ProfileContext, known: Collection[str] = ()
+) -> Savings:
+    """Profiling cost of ``models`` in this order with cross-model reuse vs each alone (``known``: signatures
+    complete in the DB before the run, reported per model but priced like the rest)."""
+    measured = store.signature_costs(ctx)
+    n_pts = sum(len(store.done_points(ctx, k)) for k in measured)
+    point_cost = sum(measured.values()) / n_pts if n_pts else 0.05
+
+    def cost(key: str, points: int) -> float:
+        return measured[key] if key in measured else points * point_cost
+
+    seen: set[str] = set()
+    rows = []
+    n_meas = n_all = 0
+    for m in models:
+        keys = set(m.points)
+        fresh = keys - seen
+        rows.append(
+            ModelCost(
+                m.name, len(keys), len(fresh - set(known)), len(keys & seen), len(fresh & set(known)),
+                sum(cost(k, n) for k, n in m.points.items()),
+                sum(cost(k, n) for k, n in m.points.items() if k in fresh),  # same order: alone == marginal exactly
+            )
+        )  # fmt: skip
+        n_meas += sum(1 for k in fresh if k in measured)
+        n_all += len(fresh)
+        seen |= keys
+    with_reuse = sum(r.marginal_s for r in rows)
+    without = sum(r.alone_s for r in rows)
+    return Savings(rows, with_reuse, without, n_meas / n_all if n_all else 1.0)
+
+
+def _signatures(plan: Plan) -> list[ModelSignatures]:
+    out = []
+    for mp in plan.models:
+        phases = mp.needs.items()
+        out.append(ModelSignatures(mp.name, {k: plan.grid_size.get(k, 1) for _, needs in phases for k in needs}))
+    return out
+
+
+def savings(plan: Plan, store: ProfileStore) -> Savings:
+    """The plan's models, in the plan's order."""
+    return savings_of(_signatures(plan), store, plan.ctx, plan.known)
+
+
+def _context_label(ctx: ProfileContext) -> str:
+    return json.dumps(ctx.as_tuple())
+
+
+def profiled_models(store: ProfileStore, ctx: ProfileContext) -> list[ModelSignatures]:
+    """The models profiled into the DB under ``ctx``, in the order first profiled."""
+    text = store.get_trace(_RECORD[0], _context_label(ctx), _RECORD[1])
+    return [ModelSignatures(m["name"], m["points"]) for m in json.loads(text)] if text else []
+
+
+def record_models(store: ProfileStore, ctx: ProfileContext, models: Sequence[ModelSignatures]) -> None:
+    """Add ``models`` to the DB's record of models profiled under ``ctx`` (one already there keeps its place,
+    with its signatures updated)."""
+    recorded = {m.name: m for m in profiled_models(store, ctx)}
+    for m in models:
+        recorded[m.name] = m  # a dict keeps first-insertion order
+    doc = [{"name": m.name, "points": m.points} for m in recorded.values()]
+    store.put_trace(_RECORD[0], _context_label(ctx), _RECORD[1], json.dumps(doc, sort_keys=True))
+
+
+def record_profiled(plan: Plan, store: ProfileStore) -> None:
+    """Record the plan's models as profiled (``run_plan`` calls this once the plan has run)."""
+    record_models(store, plan.ctx, _signatures(plan))
+
+
+def profiled_savings(store: ProfileStore) -> dict[ProfileContext, Savings]:
+    """Savings over the models profiled into the DB, per profile context that has any."""
+    out = {}
+    for ctx in store.contexts():
+        models = profiled_models(store, ctx)
+        if models:
+            out[ctx] = savings_of(models, store, ctx)
+    return out

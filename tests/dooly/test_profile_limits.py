@@ -1,0 +1,131 @@
+"""Grids within a model's position limit, and a profile used only once every planned point is stored."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_profile_fixtures import seed_traces, tiny_config
+from typer.testing import CliRunner
+
+from dooly.cli import app
+from dooly.engines import get_engine
+from dooly.errors import DoolyError
+from dooly.predictor import Predictor
+from dooly.profiler import GridSpec, TimerConfig, make_plan, run_plan, shapes_within
+from dooly.store import ProfileStore
+from dooly.zoo import max_positions
+
+FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
+runner = CliRunner()
+
+# a GPT-2-style model as a new user writes it: learned positions (n_positions), Conv1D projections
+TINY_GPT2 = {
+    "model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32, "n_ctx": 32,
+    "vocab_size": 64, "bos_token_id": 0, "eos_token_id": 0, "_name_or_path": "tiny-gpt2",
+}  # fmt: skip
+
+
+def test_max_positions_reads_every_spelling() -> None:
+    assert max_positions({"max_position_embeddings": 2048}) == 2048
+    assert max_positions({"n_positions": 1024, "n_ctx": 1024}) == 1024
+    assert max_positions({"text_config": {"max_position_embeddings": 512}}) == 512
+    assert max_positions({"model_type": "rwkv"}) is None
+    # a window limits the grid only when every layer slides; a mixed model still attends to everything
+    slides = ["sliding_attention"] * 2
+    assert max_positions({"max_position_embeddings": 4096, "sliding_window": 256, "layer_types": slides}) == 256
+    mixed = ["sliding_attention", "full_attention"]
+    assert max_positions({"max_position_embeddings": 4096, "sliding_window": 256, "layer_types": mixed}) == 4096
+
+
+def test_grid_is_clamped_to_the_positions() -> None:
+    g = GridSpec((1, 2), (1, 4, 64), (1,), (4, 16, 64, 1024))
+    assert g.within(None) is g
+    c = g.within(32)
+    assert c.prefill_tokens == (1, 4, 32) and c.decode_kv_len == (4, 16, 31)  # a decode at kv_len 31 holds 32
+    assert c.prefill_requests == (1, 2)
+    assert GridSpec().within(1024).decode_kv_len == (16, 64, 256, 1023)
+    shapes = {"prefill": [{"requests": 1, "tokens": 32}, {"requests": 1, "tokens": 33}],
+              "decode": [{"requests": 4, "kv_len": 31}, {"requests": 1, "kv_len": 32}]}  # fmt: skip
+    assert shapes_within(shapes, 32) == {"prefill": [shapes["prefill"][0]], "decode": [shapes["decode"][0]]}
+
+
+def test_gpt2_style_model_profiles_within_its_positions(tmp_path: Path) -> None:
+    """The grid reaches past the model's 32 positions; the clamped plan runs to completion and predicts."""
+    db = tmp_path / "p.db"
+    engine = get_engine()
+    grid = GridSpec((1,), (1, 4, 64), (1,), (4, 16, 64))
+    with ProfileStore(db) as st:
+        plan = make_plan([TINY_GPT2], st, engine, grid, threads=1)
+        shapes = {j.shape for j in plan.jobs}
+        assert max(tok for _, tok, kv in shapes if kv == 0) == 32  # prefill up to the limit, not past it
+        assert max(kv for *_, kv in shapes) == 31
+        stats = run_plan(plan, st, engine, timer=FAST, threads=1)
+        assert stats["failed"] == 0 and stats["points"] == plan.todo_points
+        assert st.complete_keys(plan.ctx) == set(plan.grid_size)
+    pred = Predictor.for_model(TINY_GPT2, db, engine, threads=1, method="interp")
+    assert pred.forward_latency("decode", {"requests": 1, "kv_len": 20}) > 0
+
+
+def test_the_model_with_more_positions_profiles_a_shared_signature(tmp_path: Path) -> None:
+    db = tmp_path / "p.db"
+    short = tiny_config("short") | {"max_position_embeddings": 6}
+    long = tiny_config("long")  # same shapes, 2048 positions
+    seed_traces(db, short)
+    seed_traces(db, long)
+    with ProfileStore(db) as st:
+        plan = make_plan([short, long], st, get_engine(), GridSpec((1,), (1, 4), (1,), (4, 8)), threads=1)
+    needs = plan.models[0].needs
+    cached = {k for k, n in needs["decode"].items() if "kv_len" in n.signature.symbols()}
+    assert cached and {plan.owner[k] for k in cached} == {"long"}  # short cannot decode at kv_len 8
+    assert {plan.owner[k] for k in needs["prefill"]} == {"short"}  # the first model otherwise
+    assert all(j.shape[2] <= 5 for j in plan.jobs if j.model == "short")
+
+
+def test_an_incomplete_profile_is_refused_with_the_command_to_finish_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DOOLY_THREADS", "1")
+    db, cfg = tmp_path / "p.db", tiny_config("tiny-a")
+    path = tmp_path / "tiny-a.json"
+    path.write_text(json.dumps(cfg))
+    seed_traces(db, cfg)
+    engine = get_engine()
+    with ProfileStore(db) as st:
+        plan = make_plan([cfg], st, engine, GridSpec.tiny(), threads=1)
+        plan.jobs = plan.jobs[:-1]  # a run killed before its last job
+        run_plan(plan, st, engine, timer=FAST, threads=1)
+    finish = f"dooly profile {path} --db {db}"
+    for args in (["validate", str(path), "--db", str(db)], ["simulate", str(path), "--db", str(db)]):
+        res = runner.invoke(app, args)
+        assert res.exit_code != 0 and isinstance(res.exception, DoolyError), res.output
+        assert "incomplete" in str(res.exception) and finish in str(res.exception)
+    res = runner.invoke(app, ["profile", str(path), "--db", str(db), "--grid", "tiny", "--no-calibrate"])
+    assert res.exit_code == 0, res.output
+    with pytest.raises(DoolyError, match="no such profile"):
+        Predictor.for_model(cfg, tmp_path / "other.db")
+    assert Predictor.for_model(str(path), db, engine, threads=1, method="interp").name == "tiny-a"
+
+
+def test_report_and_cli_print_the_same_savings(tmp_path: Path, monkeypatch) -> None:
+    """Profile two models with calibration, validate (whose overhead fit reads the second calibration round),
+    report: the report's figure is the CLI's, each model counted once."""
+    monkeypatch.setenv("DOOLY_THREADS", "1")
+    db, paths = tmp_path / "p.db", []
+    for name, inter in (("tiny-a", 128), ("tiny-b", 96)):
+        cfg = tiny_config(name, inter)
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(cfg))
+        seed_traces(db, cfg)
+    res = runner.invoke(app, ["profile", *map(str, paths), "--db", str(db), "--grid", "tiny"])
+    assert res.exit_code == 0, res.output
+    cli = re.search(r"profiling cost: 2 models: .*?([\d.]+)% saved", " ".join(res.output.split()))
+    assert cli, res.output
+    res = runner.invoke(app, ["validate", str(paths[0]), "--db", str(db), "--repeats", "1", "--method", "interp"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["report", "--db", str(db), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "r.html").read_text()
+    found = re.findall(r"(\d+) models: [^<]*?([\d.]+)% saved", page)
+    assert found == [("2", cli.group(1))]
+    assert 0 < float(cli.group(1)) < 100
