@@ -50,7 +50,7 @@ def _generators(args) -> dict[str, object]:
         "masked": MaskedDiffusion(
             MaskedConfig(
                 context=args.context, d_model=args.d_model, n_layers=args.layers, steps=10**9,
-                time_limit=args.train_seconds, sample_steps=args.sample_steps, overlap=args.context // 4,
+                time_limit=args.train_seconds, sample_steps=args.sample_steps, unmask=args.unmask,
             )
         ),
     }
@@ -58,7 +58,8 @@ def _generators(args) -> dict[str, object]:
         from tracesynth.diffusion.config import TraceSynthConfig
         from tracesynth.diffusion.synth import TraceSynth
 
-        gens["gaussian"] = TraceSynth(TraceSynthConfig(context=args.context, steps=10**9, time_limit=args.train_seconds))
+        cfg = TraceSynthConfig(context=args.context, steps=10**9, time_limit=args.train_seconds)
+        gens["gaussian"] = TraceSynth(cfg)
     return gens
 
 
@@ -79,15 +80,14 @@ def bench_trace(name: str, trace, args) -> list[dict]:
         t0 = time.perf_counter()
         raw = gen.sample(args.events, seed=0)
         sample_s = time.perf_counter() - t0
-        repaired, rep = repair_trace(raw, rules, seed=0)
-        edits = rep.inserted + rep.deleted + rep.modified
+        _, rep = repair_trace(raw, rules, seed=0)
         mem = memorisation(raw, train, 128)
         f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
         steps = getattr(gen, "history", {}).get("steps") if isinstance(getattr(gen, "history", None), dict) else None
         rows.append({
             "trace": name, "generator": gname, "fit_s": fit_s, "steps": steps,
             "sample_ev_s": len(raw) / max(sample_s, 1e-9),
-            "rule_viol": check_trace(raw, rules).rate, "repair_edit": edits / max(len(raw), 1),
+            "rule_viol": check_trace(raw, rules).rate, "repair_edit": rep.edit_rate,
             "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
         })
         print(_fmt(rows[-1]), flush=True)
@@ -114,9 +114,10 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=10000)
     ap.add_argument("--max-events", type=int, default=100000)
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sample-steps", type=int, default=64)
+    ap.add_argument("--unmask", choices=["random", "confidence"], default="random")
     ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

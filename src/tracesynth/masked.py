@@ -4,7 +4,8 @@ Every channel is a token: event type, cpu, per-window thread label, command, ret
 (from `ChannelCodec`) and the gap to the previous event as a quarter-log2 bucket. Training masks
 each token independently with a rate t ~ U(0, 1) per window and a transformer predicts the clean
 tokens (cross-entropy on the masked ones). Sampling starts from an all-masked window and unmasks the
-most confident predictions first, over a configurable number of steps; long traces are chains of
+predictions in a random order (the reverse of the masking process; or the most confident first,
+`unmask="confidence"`), over a configurable number of steps; long traces are chains of
 windows, each conditioned on the last `overlap` events of the one before (inpainting), so threads
 and open syscalls carry across window boundaries. A gap bucket decodes to a gap drawn from the
 training trace's gaps of that bucket and event type.
@@ -54,6 +55,7 @@ class MaskedConfig:
     overlap: int | None = None  # events of the previous window each new window is conditioned on (context // 4)
     chains: int = 8  # independent chains sampled in parallel
     temperature: float = 1.0
+    unmask: str = "random"  # which masked tokens a step reveals: "random" (MDLM's reverse process) or "confidence"
     max_tids: int = 32
     seed: int = 0
 
@@ -71,6 +73,7 @@ class MaskedConfig:
             "0 <= overlap < context": 0 <= self.overlap < self.context,
             "chains > 0": self.chains > 0,
             "temperature > 0": self.temperature > 0,
+            "unmask in (random, confidence)": self.unmask in ("random", "confidence"),
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -257,7 +260,7 @@ class MaskedDiffusion:
     # -- sampling -----------------------------------------------------------------------------
     @torch.no_grad()
     def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator) -> None:
-        """Unmask every token not `known` ([b, L] event positions), most confident first, in place."""
+        """Unmask every token not `known` ([b, L] event positions), a share per step, in place."""
         cfg = self.config
         masked = {c: ~known.clone() for c in CHANNELS}
         for c in CHANNELS:
@@ -278,7 +281,10 @@ class MaskedDiffusion:
                 u = torch.rand(logp.shape, generator=gen).clamp_(1e-12, 1.0)
                 draw = torch.argmax(logp - torch.log(-torch.log(u)), dim=-1)  # Gumbel-max: a draw from softmax
                 cand[c] = draw
-                score = torch.gather(logp, -1, draw[..., None])[..., 0].exp()
+                if cfg.unmask == "confidence":
+                    score = torch.gather(logp, -1, draw[..., None])[..., 0].exp()
+                else:  # a uniformly random subset of the masked tokens
+                    score = torch.rand(draw.shape, generator=gen)
                 conf.append(torch.where(masked[c], score, torch.full_like(score, -1.0)))
             flat = torch.stack(conf).reshape(-1)  # [channels * b * L]
             if n_open >= left:

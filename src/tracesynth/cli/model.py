@@ -19,7 +19,9 @@ from tracesynth.generator import get_kind, make_generator, saved_kind
 def fit(
     data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
-    kind: str = typer.Option("diffusion", "--kind", help="Generator: diffusion (the paper's Gaussian model), masked (discrete diffusion) or markov."),
+    kind: str = typer.Option(
+        "diffusion", "--kind", help="Generator: diffusion (the paper's Gaussian model), masked (discrete) or markov."
+    ),
     order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
     context: int = typer.Option(1024, "--context", help="Events per window (L)."),
     channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
