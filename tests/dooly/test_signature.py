@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -49,6 +50,40 @@ def test_expressions_evaluate_with_a_whitelist() -> None:
 def test_expressions_reject_anything_else(bad: str) -> None:
     with pytest.raises(DoolyError):
         eval_expr(bad, {"tokens": 1})
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "9**9**9",  # ran for more than a minute before exponents were bounded
+        "tokens**100000000",
+        "(2**62)*(2**62)*(2**62)",
+        "2**63*4",
+        "max(99999999999999999999999, tokens)",
+        "tokens // (kv_len - kv_len)",
+        "tokens % 0",
+        "tokens**-1",
+        "2**2**2**2**2**2",
+    ],
+)
+def test_hostile_expressions_fail_fast_with_one_line(hostile: str) -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(DoolyError) as exc:
+        eval_expr(hostile, {"tokens": 37, "kv_len": 113})
+    assert time.perf_counter() - t0 < 0.5
+    msg = str(exc.value)
+    assert "\n" not in msg and "bad shape expression" in msg and hostile[:20] in msg
+
+
+def test_bounds_leave_real_sizes_alone() -> None:
+    v = {"tokens": 2**20, "kv_len": 3}
+    assert eval_expr("2**62", v) == 2**62
+    assert eval_expr("tokens*tokens*tokens", v) == 2**60
+    assert eval_expr("1**1000000 + 0**1000000", v) == 1
+    assert eval_expr("(-2)**63", v) == -(2**63)
+    assert eval_expr(2**63, v) == 2**63
+    with pytest.raises(DoolyError, match="beyond 2"):
+        eval_expr(2**64, v)
 
 
 def test_missing_symbol_value_is_a_clear_error() -> None:
