@@ -269,14 +269,14 @@ class Predictor:
         """
         from dooly.engines import get_engine
         from dooly.profiler import context_for, default_threads, model_traces, resolve_model
-        from dooly.store import ProfileStore
+        from dooly.store import ProfileStore, profile_command
 
         if not Path(db_path).exists():
             raise DoolyError(f"{db_path}: no such profile database (run `dooly profile` first)")
         engine = engine or get_engine()
         threads = threads if threads is not None else default_threads()
         name, cfg = resolve_model(model)  # type: ignore[arg-type]
-        with ProfileStore(db_path) as store:
+        with ProfileStore(db_path, readonly=True) as store:
             ctx = context_for(engine, threads)  # type: ignore[arg-type]
             traces = model_traces(name, cfg, engine, store)  # type: ignore[arg-type]
             raw = store.all_points(ctx)
@@ -288,7 +288,7 @@ class Predictor:
                 miss = sum(len(v) for v in pred.missing.values())
                 raise DoolyError(
                     f"{db_path}: {miss} signatures of {name} have no profile for {ctx.hardware} "
-                    f"(run `dooly profile {name} --db {db_path}`)"
+                    f"(run `{profile_command(model, db_path, name)}`)"
                 )
             pred.overhead = fit_overhead(store, ctx, engine, pts, method, own=name)
         return pred

@@ -82,7 +82,9 @@ def savings_from_db(db: str | Path) -> list[dict[str, Any]]:
     "Alone" is the measured cost of every unique signature the model runs (within-model reuse allowed, as
     Vidur); "with reuse" counts only signatures no earlier model had.
     """
-    con = sqlite3.connect(f"file:{Path(db)}?mode=ro", uri=True)
+    from dooly.store import open_readonly
+
+    con = open_readonly(db)  # checked to be a dooly DB; readable in a read-only directory
     try:
         traces = con.execute("SELECT model, trace_json FROM traces ORDER BY created").fetchall()
         costs = dict(con.execute("SELECT sig_key, SUM(cost_s) FROM points GROUP BY sig_key").fetchall())
