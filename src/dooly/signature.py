@@ -240,7 +240,22 @@ class TensorSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorSpec:
         stride = d.get("stride")
-        return cls(tuple(d["shape"]), str(d["dtype"]), None if stride is None else tuple(stride))
+        return cls(_dims(d["shape"]), str(d["dtype"]), None if stride is None else _dims(stride))
+
+
+def _dims(values: Any) -> tuple[Dim, ...]:
+    """Stored dimensions, checked: each a bounded int or a well-formed expression (a trace read from a file
+    must not carry a list, a float or an expression that only fails once something evaluates it)."""
+    if not isinstance(values, list | tuple):
+        raise DoolyError(f"bad shape {values!r}: expected a list of dimensions")
+    for v in values:
+        if isinstance(v, str):
+            _parse(v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            _bounded(v, str(v))
+        else:
+            raise DoolyError(f"bad shape expression {v!r}: a dimension is an int or an expression string")
+    return tuple(values)
 
 
 def _walk_args(obj: Any, fn: Callable[[dict], Any]) -> Any:
@@ -345,7 +360,14 @@ class Signature:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Signature:
-        return cls(str(d["op"]), tuple(TensorSpec.from_dict(t) for t in d["inputs"]), str(d["args"]), str(d["engine"]))
+        args = d["args"]
+        decoded = json.loads(args) if isinstance(args, str) else None
+        if not (isinstance(decoded, dict) and isinstance(decoded.get("args"), list)
+                and isinstance(decoded.get("kwargs"), dict)):  # fmt: skip
+            raise DoolyError(
+                f'bad signature args {str(args)[:60]!r}: expected JSON {{"args": [...], "kwargs": {{...}}}}'
+            )
+        return cls(str(d["op"]), tuple(TensorSpec.from_dict(t) for t in d["inputs"]), args, str(d["engine"]))
 
     def __str__(self) -> str:
         ins = ", ".join(f"{t.dtype}[{', '.join(map(str, t.shape))}]" for t in self.inputs)
@@ -423,11 +445,15 @@ class ModelTrace:
     def from_json(cls, text: str, source: str = "<string>") -> ModelTrace:
         try:
             doc = json.loads(text)
-            if doc.get("format") != "dooly.trace/1":
-                raise DoolyError(f"{source}: not a dooly trace (format {doc.get('format')!r})")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise DoolyError(f"{source}: malformed dooly trace ({type(exc).__name__}: {exc})") from None
+        if not isinstance(doc, dict) or doc.get("format") != "dooly.trace/1":
+            fmt = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise DoolyError(f"{source}: not a dooly trace (format {fmt!r})")
+        try:
             sigs = {k: Signature.from_dict(v) for k, v in doc["signatures"].items()}
             records = [
-                OpRecord(sigs[r["sig"]], int(r["order"]), str(r["module"]), r.get("layer"), bool(r.get("view")))
+                OpRecord(sigs[r["sig"]], int(r["order"]), str(r["module"]), _layer(r.get("layer")), bool(r.get("view")))
                 for r in doc["records"]
             ]
             return cls(
@@ -440,10 +466,16 @@ class ModelTrace:
                 guards=[str(g) for g in doc.get("guards", [])],
                 meta=dict(doc.get("meta", {})),
             )
-        except DoolyError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except DoolyError as exc:  # a bad signature inside: say which file it came from
+            raise DoolyError(f"{source}: malformed dooly trace ({exc})") from None
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
             raise DoolyError(f"{source}: malformed dooly trace ({type(exc).__name__}: {exc})") from None
+
+
+def _layer(v: Any) -> int | None:
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    raise TypeError(f"layer {v!r} is not an int")
 
 
 def traces_to_json(traces: list[ModelTrace]) -> str:

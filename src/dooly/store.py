@@ -17,7 +17,6 @@ when the run fails before measuring anything.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import sqlite3
@@ -143,6 +142,62 @@ def _expected_columns() -> dict[str, list[str]]:
 _EXPECTED = _expected_columns()
 
 
+def _json(col: str, kind: str, extra: str = "1") -> str:
+    # CASE evaluates lazily: json_* is only applied to text that parses (it raises on a BLOB).
+    return f"CASE WHEN typeof({col})='text' AND json_valid({col}) AND json_type({col})='{kind}' THEN {extra} ELSE 0 END"
+
+
+_TEXT = "typeof({c})='text'"
+_TIMING = "typeof({c}) IN ('real','integer') AND {c} >= 0 AND {c} < 1e6"  # seconds: no NaN, inf or negative
+_POINT = _json(
+    "point", "object",
+    "NOT EXISTS (SELECT 1 FROM json_each(point) WHERE type NOT IN ('integer','real') OR abs(value) >= 9.2e18)",
+)  # fmt: skip
+_CONTEXT = {c: _TEXT for c in ("hardware", "engine", "backend", "dtype")}
+_MEASURED = {
+    **{c: _TIMING for c in ("median_s", "p10_s", "p90_s", "cost_s")},
+    "repeats": "typeof({c})='integer' AND {c} BETWEEN 1 AND 2147483647",
+    "created": "typeof({c}) IN ('real','integer')",
+    "point": _POINT,
+}
+#: What every stored value must look like, per table and column. Checked once when a file is opened, so every
+#: reader (the raw SQL of the report included) can trust the types: a damaged or hand-edited row is refused.
+_ROW_CHECKS: dict[str, dict[str, str]] = {
+    "points": {**_CONTEXT, "sig_key": _TEXT, **_MEASURED},
+    "forwards": {**_CONTEXT, "model": _TEXT, "phase": _TEXT, **_MEASURED},
+    "signatures": {
+        **_CONTEXT,
+        "sig_key": _TEXT,
+        "sig_json": _json("sig_json", "object"),
+        "grid_size": "{c} IS NULL OR (typeof({c})='integer' AND {c} BETWEEN 0 AND 2147483647)",
+        "complete": "{c} IN (0, 1)",
+    },
+    "traces": {
+        "engine": _TEXT,
+        "model": _TEXT,
+        "phase": _TEXT,
+        "created": "typeof({c}) IN ('real','integer')",
+        "trace_json": _json("trace_json", "object", "json_type(trace_json, '$.records') IS 'array'"),
+    },
+}
+
+
+def _check_rows(con: sqlite3.Connection, path: Path) -> None:
+    for table, checks in _ROW_CHECKS.items():
+        conds = {col: f"COALESCE(({cond.format(c=col)}), 0)" for col, cond in checks.items()}  # NULL is bad
+        try:
+            bad = con.execute(
+                f"SELECT rowid FROM {table} WHERE NOT ({' AND '.join(conds.values())}) LIMIT 1"
+            ).fetchone()
+            if bad is None:
+                continue
+            row = con.execute(f"SELECT {', '.join(conds.values())} FROM {table} WHERE rowid=?", bad).fetchone()
+            cols = [c for c, ok in zip(conds, row, strict=True) if not ok]
+        except sqlite3.DatabaseError as exc:
+            raise DoolyError(f"{path}: damaged profile database ({exc})") from None
+        raise DoolyError(f"{path}: damaged profile database (row {bad[0]} of {table}: bad {', '.join(cols)})")
+
+
 def _writable(directory: Path) -> bool:
     return os.access(directory, os.W_OK)
 
@@ -181,6 +236,24 @@ def _check_dooly(con: sqlite3.Connection, path: Path) -> None:
                 f"{path}: not a dooly profile database of schema {SCHEMA_VERSION} (table {table}: columns "
                 f"{cols.get(table)}, expected {want})"
             )
+    try:
+        ok = con.execute("PRAGMA quick_check(1)").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        ok = str(exc)
+    if ok != "ok":
+        raise DoolyError(f"{path}: damaged profile database ({' '.join(str(ok).split())[:160]})")  # one line
+    _check_rows(con, path)
+
+
+def _text(raw: bytes) -> str:
+    # A damaged file may hold invalid UTF-8 where text belongs; it then fails as bad JSON, in one line.
+    return raw.decode("utf-8", "replace")
+
+
+def _connect(target: str, **kw: Any) -> sqlite3.Connection:
+    con = sqlite3.connect(target, **kw)
+    con.text_factory = _text
+    return con
 
 
 def _uri(path: Path, **params: str) -> str:
@@ -200,7 +273,7 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
         raise DoolyError(f"{path}: cannot read the profile database (permission denied)")
     wal = Path(f"{path}-wal")
     if wal.exists() and wal.stat().st_size > 0:
-        con = sqlite3.connect(_uri(path, mode="ro"), uri=True, timeout=60.0)
+        con = _connect(_uri(path, mode="ro"), uri=True, timeout=60.0)
         try:
             _check_dooly(con, path)
             return con
@@ -211,7 +284,7 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
         except BaseException:
             con.close()
             raise
-    con = sqlite3.connect(_uri(path, mode="ro", immutable="1"), uri=True)
+    con = _connect(_uri(path, mode="ro", immutable="1"), uri=True)
     try:
         _check_dooly(con, path)
     except sqlite3.DatabaseError as exc:
@@ -224,34 +297,10 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 def _memory_db() -> sqlite3.Connection:
-    con = sqlite3.connect(":memory:", isolation_level=None)
+    con = _connect(":memory:", isolation_level=None)
     con.executescript(_SCHEMA)
     con.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     return con
-
-
-def _measurement(path: Path, table: str, row: tuple[Any, ...]) -> Measurement:
-    """A stored timing row, checked: a hand-edited or damaged DB must not feed NaN or nonsense to a fit."""
-    try:
-        med, p10, p90, rep, cost = (float(row[0]), float(row[1]), float(row[2]), int(row[3]), float(row[4]))
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise DoolyError(f"{path}: corrupt row in {table} ({exc})") from None
-    if not all(math.isfinite(x) and 0 <= x < 1e6 for x in (med, p10, p90, cost)) or not 0 < rep < 2**31:
-        raise DoolyError(f"{path}: corrupt row in {table} (timings {med!r}, {p10!r}, {p90!r}, {cost!r}, repeats {rep})")
-    return Measurement(med, p10, p90, rep, cost)
-
-
-def _point(path: Path, table: str, text: Any) -> dict[str, float]:
-    try:
-        v = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise DoolyError(f"{path}: corrupt point in {table} ({type(exc).__name__})") from None
-    if not isinstance(v, dict) or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and abs(x) < 2**63
-        for x in v.values()
-    ):
-        raise DoolyError(f"{path}: corrupt point in {table} ({str(text)[:60]!r})")
-    return v
 
 
 class ProfileStore:
@@ -296,25 +345,21 @@ class ProfileStore:
         self._db = self._connect_rw()
 
     def _snapshot(self) -> sqlite3.Connection:
-        src = open_readonly(self.path)
-        mem = sqlite3.connect(":memory:", isolation_level=None)
+        src = open_readonly(self.path)  # checked, quick_check included
+        mem = _connect(":memory:", isolation_level=None)
         try:
             src.backup(mem)
-            ok = mem.execute("PRAGMA quick_check").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             mem.close()
             raise DoolyError(f"{self.path}: damaged profile database ({exc})") from None
         finally:
             src.close()
-        if ok != "ok":
-            mem.close()
-            raise DoolyError(f"{self.path}: damaged profile database (quick_check: {str(ok)[:80]})")
         return mem
 
     def _connect_rw(self) -> sqlite3.Connection:
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves so each measurement is one transaction.
-            db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+            db = _connect(str(self.path), timeout=60.0, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process kills
             db.execute("PRAGMA busy_timeout=60000")
@@ -451,7 +496,7 @@ class ProfileStore:
             "AND backend=? AND dtype=? AND sig_key=? ORDER BY point",
             (*ctx.as_tuple(), sig_key),
         )
-        return [(_point(self.path, "points", p), _measurement(self.path, "points", rest)) for p, *rest in rows]
+        return [(json.loads(p), Measurement(*rest)) for p, *rest in rows]
 
     def all_points(self, ctx: ProfileContext) -> dict[str, list[tuple[dict[str, float], Measurement]]]:
         """Every point of every signature under ``ctx`` (one query, for loading a predictor)."""
@@ -462,7 +507,7 @@ class ProfileStore:
             ctx.as_tuple(),
         )
         for key, p, *rest in rows:
-            out.setdefault(key, []).append((_point(self.path, "points", p), _measurement(self.path, "points", rest)))
+            out.setdefault(key, []).append((json.loads(p), Measurement(*rest)))
         return out
 
     def signature_costs(self, ctx: ProfileContext) -> dict[str, float]:
@@ -472,10 +517,7 @@ class ProfileStore:
             "GROUP BY sig_key",
             ctx.as_tuple(),
         )
-        out = {k: float(c) for k, c in rows}
-        if not all(math.isfinite(c) and c >= 0 for c in out.values()):
-            raise DoolyError(f"{self.path}: corrupt row in points (a cost_s that is not a finite duration)")
-        return out
+        return {k: float(c) for k, c in rows}
 
     # -- end-to-end forwards ------------------------------------------------------------------------------
     def put_forward(
@@ -504,7 +546,7 @@ class ProfileStore:
             q += " AND model=?"
             args = (*args, model)
         return [
-            (mo, ph, _point(self.path, "forwards", p), _measurement(self.path, "forwards", rest))
+            (mo, ph, json.loads(p), Measurement(*rest))
             for mo, ph, p, *rest in self._db.execute(q + " ORDER BY 1,2,3", args)
         ]
 

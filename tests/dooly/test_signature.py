@@ -101,6 +101,25 @@ def test_signature_key_is_stable_and_hashable() -> None:
     assert Signature.from_dict(a.to_dict()) == a
 
 
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda s, r: s["inputs"][0]["shape"].__setitem__(0, [1, 2]), "int or an expression"),  # was: unhashable
+        (lambda s, r: s["inputs"][0]["shape"].__setitem__(0, "tokens +"), "bad shape expression"),
+        (lambda s, r: s["inputs"][0]["shape"].__setitem__(0, 2**80), "beyond 2"),
+        (lambda s, r: s["inputs"][0].__setitem__("shape", "abc"), "list of dimensions"),
+        (lambda s, r: s.__setitem__("args", "[1]"), "bad signature args"),
+        (lambda s, r: r.__setitem__("layer", [3]), "layer"),
+        (lambda s, r: r.__setitem__("order", 1e999), "OverflowError"),
+    ],
+)
+def test_a_malformed_trace_file_is_one_error_naming_it(edit, why: str) -> None:  # noqa: ANN001
+    doc = json.loads(ModelTrace("m", "h", "prefill", "e", [OpRecord(_mm(), 0, "model.layers.0", 0)]).to_json())
+    edit(next(iter(doc["signatures"].values())), doc["records"][0])
+    with pytest.raises(DoolyError, match=rf"^t\.json: malformed dooly trace \(.*{why}"):
+        ModelTrace.from_json(json.dumps(doc), "t.json")
+
+
 def test_concrete_and_build_call() -> None:
     sig = Signature(
         "aten.view.default",

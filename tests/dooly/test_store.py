@@ -166,18 +166,33 @@ def test_foreign_or_wrong_schema_sqlite_is_refused_untouched(tmp_path: Path) -> 
     assert _listing(tmp_path) == ["f.db", "w.db"]
 
 
-def test_corrupt_rows_are_one_line_errors_naming_the_file(tmp_path: Path) -> None:
-    for update in ("UPDATE points SET median_s = 1e300", "UPDATE points SET repeats = -3",
-                   "UPDATE points SET point = '{\"tokens\": '", "UPDATE points SET point = '[1, 2]'",
-                   "UPDATE points SET median_s = 'fast'"):  # fmt: skip
-        path = _filled(tmp_path / "c.db")
-        con = sqlite3.connect(path)
-        con.execute(update)
-        con.commit()
-        con.close()
-        with ProfileStore(path, readonly=True) as st, pytest.raises(DoolyError, match="c.db: corrupt"):
-            st.all_points(CTX)
-        path.unlink()
+@pytest.mark.parametrize(
+    ("update", "column"),
+    [
+        ("UPDATE points SET median_s = 1e300", "median_s"),
+        ("UPDATE points SET median_s = 'NaN'", "median_s"),
+        ("UPDATE points SET cost_s = -1", "cost_s"),
+        ("UPDATE points SET repeats = -3", "repeats"),
+        ("UPDATE points SET point = '{\"tokens\": '", "point"),
+        ("UPDATE points SET point = '[1, 2]'", "point"),
+        ("UPDATE points SET point = '{\"tokens\": 1e999}'", "point"),
+        ("UPDATE points SET point = x'00ff'", "point"),
+        ("UPDATE signatures SET complete = 7", "complete"),
+        ("UPDATE signatures SET grid_size = 'big'", "grid_size"),
+        ("UPDATE traces SET trace_json = '[]'", "trace_json"),
+    ],
+)
+def test_damaged_rows_are_refused_at_open_naming_file_row_and_column(tmp_path: Path, update: str, column: str) -> None:
+    path = _filled(tmp_path / "c.db")
+    with ProfileStore(path) as st:
+        st.put_trace("e", "m", "prefill", '{"records": []}')
+    con = sqlite3.connect(path)
+    con.execute(update)
+    con.commit()
+    con.close()
+    for readonly in (True, False):
+        with pytest.raises(DoolyError, match=rf"c\.db: damaged profile database \(row 1 of \w+: bad {column}\)"):
+            ProfileStore(path, readonly=readonly)
 
 
 _READER = """
