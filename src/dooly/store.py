@@ -177,7 +177,8 @@ _ROW_CHECKS: dict[str, dict[str, str]] = {
         "model": _TEXT,
         "phase": _TEXT,
         "created": "typeof({c}) IN ('real','integer')",
-        "trace_json": _json("trace_json", "object", "json_type(trace_json, '$.records') IS 'array'"),
+        # a tracer trace (records: a list) or the config the calibration stored (no records)
+        "trace_json": _json("trace_json", "object", "COALESCE(json_type(trace_json, '$.records'), 'array') = 'array'"),
     },
 }
 

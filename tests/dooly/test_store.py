@@ -105,9 +105,13 @@ def test_sigkill_mid_write_loses_no_committed_point(tmp_path: Path) -> None:
 
 
 def _filled(path: Path) -> Path:
+    """A DB with a row in every table, as `dooly profile` leaves it (calibration stores the config as a trace)."""
     with ProfileStore(path) as st:
         st.register_signature(CTX, "sigA", '{"op":"mm"}', grid_size=1)
         st.put_point(CTX, "sigA", {"tokens": 4}, M)
+        st.put_forward(CTX, "m", "prefill", {"requests": 1, "tokens": 4}, M)
+        st.put_trace("hf-eager/cpu:float32", "m@1", "prefill", '{"format": "dooly.trace/1", "records": []}')
+        st.put_trace("config", "m", "config", '{"model_type": "llama"}')
     return path
 
 
@@ -180,12 +184,11 @@ def test_foreign_or_wrong_schema_sqlite_is_refused_untouched(tmp_path: Path) -> 
         ("UPDATE signatures SET complete = 7", "complete"),
         ("UPDATE signatures SET grid_size = 'big'", "grid_size"),
         ("UPDATE traces SET trace_json = '[]'", "trace_json"),
+        ("UPDATE traces SET trace_json = '{\"records\": 5}'", "trace_json"),
     ],
 )
 def test_damaged_rows_are_refused_at_open_naming_file_row_and_column(tmp_path: Path, update: str, column: str) -> None:
     path = _filled(tmp_path / "c.db")
-    with ProfileStore(path) as st:
-        st.put_trace("e", "m", "prefill", '{"records": []}')
     con = sqlite3.connect(path)
     con.execute(update)
     con.commit()

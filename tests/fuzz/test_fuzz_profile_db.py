@@ -98,6 +98,7 @@ def _build(db: Path, cfg: Path) -> None:
             for p in grid.phase_points(phase)[:6]:
                 t = 1e-4 * (1 + sum(p.values()) / 16)
                 st.put_forward(ctx, name, phase, p, Measurement(t, 0.9 * t, 1.1 * t, 3, 5 * t))
+        st.put_trace("config", name, "config", canonical_json(config))  # as the calibration stores it
 
 
 @pytest.fixture(scope="module")
