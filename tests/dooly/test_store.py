@@ -205,6 +205,8 @@ from dooly.store import ProfileContext, ProfileStore
 ctx = ProfileContext(hardware="cpu:test:cores2:threads1")
 with ProfileStore(sys.argv[1], readonly=True) as st:
     print("read", len(st.points(ctx, "sigA")))
+from dooly.report import savings_from_db  # reads the file with its own SQL
+print("report rows", len(savings_from_db(sys.argv[1])))
 try:
     ProfileStore(sys.argv[1])
 except DoolyError as exc:
@@ -238,6 +240,6 @@ def test_a_db_in_a_readonly_directory_reads_and_says_why_it_cannot_be_written(tm
     before = path.read_bytes()
     res = _in_readonly_dir(d, [sys.executable, "-c", _READER, str(path)])
     assert res.returncode == 0, res.stderr
-    assert "read 1" in res.stdout
+    assert "read 1" in res.stdout and "report rows 1" in res.stdout
     assert "is read-only" in res.stdout and "not a dooly profile database" not in res.stdout
     assert path.read_bytes() == before and _listing(d) == ["p.db"]
