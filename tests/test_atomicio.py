@@ -95,3 +95,11 @@ def test_sigterm_removes_the_temporary(tmp_path: Path) -> None:
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 143
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_place_is_one_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputPathError, match="cannot create the output's directory"):
+        with atomic_path(tmp_path / "file" / "sub" / "out.txt"):
+            pass
+    assert (tmp_path / "file").read_text() == "x"

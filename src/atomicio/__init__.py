@@ -104,16 +104,22 @@ def atomic_path(
     holds, so that an earlier output of the same kind may be replaced and nothing else is.
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(dest.parent, f"cannot create the output's directory ({exc.strerror or exc})") from None
     _sweep_stale(dest)
     _check_replaceable(dest, directory, contents)
     prefix = f".{dest.name}.{os.getpid()}."
-    if directory:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=dest.parent))
-    else:
-        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=dest.parent)
-        os.close(fd)
-        tmp = Path(name)
+    try:
+        if directory:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=dest.parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=dest.parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as exc:  # a read-only directory or file system, a full disk
+        raise OutputPathError(dest, f"cannot write here ({exc.strerror or exc})") from None
     # mkstemp/mkdtemp create owner-only entries; give the output the permissions a plain open() would.
     tmp.chmod((0o777 if directory else 0o666) & ~_umask())
     try:

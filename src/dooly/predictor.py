@@ -279,7 +279,7 @@ class Predictor:
         engine = engine or get_engine()
         threads = threads if threads is not None else default_threads()
         name, cfg = resolve_model(model)  # type: ignore[arg-type]
-        with ProfileStore(db_path) as store:
+        with ProfileStore(db_path, readonly=True) as store:
             ctx = context_for(engine, threads)  # type: ignore[arg-type]
             traces = model_traces(name, cfg, engine, store)  # type: ignore[arg-type]
             raw = store.all_points(ctx)
@@ -327,7 +327,9 @@ class Predictor:
 def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]
     """Refuse a model with a signature that has no profile, or one whose planned grid is not all stored."""
     keys = {s.key for tr in traces.values() for s in tr.unique()}
-    again = f"dooly profile {model if isinstance(model, (str, Path)) else name} --db {db_path}"
+    from dooly.store import profile_command
+
+    again = profile_command(model, db_path, name)
     missing = sum(1 for k in keys if not points.get(k))
     if missing:
         raise DoolyError(f"{db_path}: {missing} signatures of {name} have no profile for {hardware} (run `{again}`)")

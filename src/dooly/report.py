@@ -85,7 +85,7 @@ def savings_from_db(db: str | Path) -> list[tuple[ProfileContext, Savings]]:
     from dooly.profiler import profiled_savings
     from dooly.store import ProfileStore
 
-    with ProfileStore(db) as store:
+    with ProfileStore(db, readonly=True) as store:
         return list(profiled_savings(store).items())
 
 

@@ -94,15 +94,31 @@ Dim = int | str  # an int is a constant; a str is an expression over REQUEST_SYM
 # ---------------------------------------------------------------------------------------------------------
 
 _FUNCS: dict[str, Callable[..., int]] = {"max": max, "min": min}
+
+
+def _pow(a: int, b: int) -> int:
+    # Checked before computing: 9**9**9 alone would run for minutes. Within these bounds the result has at most
+    # 64 * 64 bits, and _eval rejects it right after if it exceeds _MAX_VALUE.
+    if b < 0:
+        raise ValueError(f"negative exponent {b}")
+    if b > _MAX_EXPONENT and abs(a) > 1:
+        raise ValueError(f"exponent {b} is beyond {_MAX_EXPONENT}")
+    return a**b
+
+
 _BINOPS: dict[type, Callable[[int, int], int]] = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
     ast.Mult: lambda a, b: a * b,
     ast.FloorDiv: lambda a, b: a // b,
     ast.Mod: lambda a, b: a % b,
-    ast.Pow: lambda a, b: a**b,
+    ast.Pow: _pow,
 }
 _MAX_EXPR_LEN = 400
+# Expressions come from profile databases and trace files a user may have received from elsewhere, so every
+# value is bounded: no shape or stride is beyond int64, and an exponent beyond 64 can only overflow it.
+_MAX_VALUE = 2**63
+_MAX_EXPONENT = 64
 
 
 def _parse(expr: str) -> ast.expr:
@@ -112,12 +128,16 @@ def _parse(expr: str) -> ast.expr:
         tree = ast.parse(expr, mode="eval").body
     except SyntaxError as exc:
         raise DoolyError(f"bad shape expression {expr!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:  # nesting too deep for the parser, NUL bytes
+        raise DoolyError(f"bad shape expression {expr!r}: {type(exc).__name__}") from None
     _check(tree, expr)
     return tree
 
 
 def _check(node: ast.AST, expr: str) -> None:
     if isinstance(node, ast.Constant) and type(node.value) is int:
+        if abs(node.value) > _MAX_VALUE:
+            raise DoolyError(f"bad shape expression {expr!r}: constant beyond 2**63")
         return
     if isinstance(node, ast.Name) and node.id in REQUEST_SYMBOLS:
         return
@@ -141,28 +161,41 @@ def _check(node: ast.AST, expr: str) -> None:
     raise DoolyError(f"bad shape expression {expr!r}: {ast.dump(node)[:60]} is not allowed")
 
 
-def _eval(node: ast.expr, values: Mapping[str, int]) -> int:
+def _eval(node: ast.expr, values: Mapping[str, int], expr: str) -> int:
     if isinstance(node, ast.Constant):
         return int(node.value)
     if isinstance(node, ast.Name):
         if node.id not in values:
             raise DoolyError(f"no value given for request symbol {node.id!r}")
-        return int(values[node.id])
+        return _bounded(int(values[node.id]), expr)
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_eval(node.left, values), _eval(node.right, values))
+        a, b = _eval(node.left, values, expr), _eval(node.right, values, expr)
+        try:
+            return _bounded(_BINOPS[type(node.op)](a, b), expr)
+        except (ValueError, ZeroDivisionError) as exc:
+            raise DoolyError(f"bad shape expression {expr!r}: {exc}") from None
     if isinstance(node, ast.UnaryOp):
-        return -_eval(node.operand, values)
+        return -_eval(node.operand, values, expr)
     assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-    return _FUNCS[node.func.id](*(_eval(a, values) for a in node.args))
+    return _FUNCS[node.func.id](*(_eval(a, values, expr) for a in node.args))
+
+
+def _bounded(v: int, expr: str) -> int:
+    if abs(v) > _MAX_VALUE:
+        raise DoolyError(f"bad shape expression {expr!r}: a value is beyond 2**63")
+    return v
 
 
 def eval_expr(expr: Dim, values: Mapping[str, int]) -> int:
-    """The value of a dimension (an int, or an expression string) at the given request values."""
+    """The value of a dimension (an int, or an expression string) at the given request values.
+
+    Every intermediate value is bounded by 2**63 (exponents by 64), so a hostile expression fails at once.
+    """
     if isinstance(expr, bool):
         raise DoolyError(f"bad shape expression {expr!r}")
     if isinstance(expr, int):
-        return expr
-    return _eval(_parse(expr), values)
+        return _bounded(expr, str(expr))
+    return _eval(_parse(expr), values, expr)
 
 
 def expr_symbols(expr: Dim) -> frozenset[str]:
@@ -206,7 +239,22 @@ class TensorSpec:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorSpec:
         stride = d.get("stride")
-        return cls(tuple(d["shape"]), str(d["dtype"]), None if stride is None else tuple(stride))
+        return cls(_dims(d["shape"]), str(d["dtype"]), None if stride is None else _dims(stride))
+
+
+def _dims(values: Any) -> tuple[Dim, ...]:
+    """Stored dimensions, checked: each a bounded int or a well-formed expression (a trace read from a file
+    must not carry a list, a float or an expression that only fails once something evaluates it)."""
+    if not isinstance(values, list | tuple):
+        raise DoolyError(f"bad shape {values!r}: expected a list of dimensions")
+    for v in values:
+        if isinstance(v, str):
+            _parse(v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            _bounded(v, str(v))
+        else:
+            raise DoolyError(f"bad shape expression {v!r}: a dimension is an int or an expression string")
+    return tuple(values)
 
 
 def _walk_args(obj: Any, fn: Callable[[dict], Any]) -> Any:
@@ -311,7 +359,14 @@ class Signature:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Signature:
-        return cls(str(d["op"]), tuple(TensorSpec.from_dict(t) for t in d["inputs"]), str(d["args"]), str(d["engine"]))
+        args = d["args"]
+        decoded = json.loads(args) if isinstance(args, str) else None
+        if not (isinstance(decoded, dict) and isinstance(decoded.get("args"), list)
+                and isinstance(decoded.get("kwargs"), dict)):  # fmt: skip
+            raise DoolyError(
+                f'bad signature args {str(args)[:60]!r}: expected JSON {{"args": [...], "kwargs": {{...}}}}'
+            )
+        return cls(str(d["op"]), tuple(TensorSpec.from_dict(t) for t in d["inputs"]), args, str(d["engine"]))
 
     def __str__(self) -> str:
         ins = ", ".join(f"{t.dtype}[{', '.join(map(str, t.shape))}]" for t in self.inputs)
@@ -389,11 +444,15 @@ class ModelTrace:
     def from_json(cls, text: str, source: str = "<string>") -> ModelTrace:
         try:
             doc = json.loads(text)
-            if doc.get("format") != "dooly.trace/1":
-                raise DoolyError(f"{source}: not a dooly trace (format {doc.get('format')!r})")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise DoolyError(f"{source}: malformed dooly trace ({type(exc).__name__}: {exc})") from None
+        if not isinstance(doc, dict) or doc.get("format") != "dooly.trace/1":
+            fmt = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise DoolyError(f"{source}: not a dooly trace (format {fmt!r})")
+        try:
             sigs = {k: Signature.from_dict(v) for k, v in doc["signatures"].items()}
             records = [
-                OpRecord(sigs[r["sig"]], int(r["order"]), str(r["module"]), r.get("layer"), bool(r.get("view")))
+                OpRecord(sigs[r["sig"]], int(r["order"]), str(r["module"]), _layer(r.get("layer")), bool(r.get("view")))
                 for r in doc["records"]
             ]
             return cls(
@@ -406,10 +465,16 @@ class ModelTrace:
                 guards=[str(g) for g in doc.get("guards", [])],
                 meta=dict(doc.get("meta", {})),
             )
-        except DoolyError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except DoolyError as exc:  # a bad signature inside: say which file it came from
+            raise DoolyError(f"{source}: malformed dooly trace ({exc})") from None
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
             raise DoolyError(f"{source}: malformed dooly trace ({type(exc).__name__}: {exc})") from None
+
+
+def _layer(v: Any) -> int | None:
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    raise TypeError(f"layer {v!r} is not an int")
 
 
 def traces_to_json(traces: list[ModelTrace]) -> str:

@@ -5,6 +5,13 @@ dtype) and an operator signature key; each row is one point of request-symbol va
 statistics. The file runs in WAL mode and every finished measurement is its own committed transaction, so a
 profiling run killed at any instant (SIGKILL included) loses nothing it finished and resumes where it
 stopped. Several processes (Ray workers on one host) may write to the same file; SQLite serialises them.
+
+A database a user received from elsewhere is input, not trusted: an existing file is checked to be a dooly
+profile database (its tables and schema marker, every column) before anything is written, and a foreign
+SQLite file is refused untouched. ``ProfileStore(path, readonly=True)`` (the commands that only read) never
+writes the file nor creates one: the database is copied into memory, where the trace cache may still be
+filled for the run. A writable store creates its file on the first write only, and removes a file it created
+when the run fails before measuring anything.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import os
 import platform
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -117,37 +125,284 @@ class Measurement:
         return (self.median_s, self.p10_s, self.p90_s, self.repeats, self.cost_s, time.time())
 
 
-class ProfileStore:
-    """The profile database. Open it with ``ProfileStore(path)``; use as a context manager to close it."""
+def _schema_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
+    tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+    return {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in tables}
 
-    def __init__(self, path: str | Path) -> None:
+
+def _expected_columns() -> dict[str, list[str]]:
+    con = sqlite3.connect(":memory:")
+    con.executescript(_SCHEMA)
+    try:
+        return _schema_columns(con)
+    finally:
+        con.close()
+
+
+_EXPECTED = _expected_columns()
+
+
+def _json(col: str, kind: str, extra: str = "1") -> str:
+    # CASE evaluates lazily: json_* is only applied to text that parses (it raises on a BLOB).
+    return f"CASE WHEN typeof({col})='text' AND json_valid({col}) AND json_type({col})='{kind}' THEN {extra} ELSE 0 END"
+
+
+_TEXT = "typeof({c})='text'"
+_TIMING = "typeof({c}) IN ('real','integer') AND {c} >= 0 AND {c} < 1e6"  # seconds: no NaN, inf or negative
+_POINT = _json(
+    "point", "object",
+    "NOT EXISTS (SELECT 1 FROM json_each(point) WHERE type NOT IN ('integer','real') OR abs(value) >= 9.2e18)",
+)  # fmt: skip
+_CONTEXT = {c: _TEXT for c in ("hardware", "engine", "backend", "dtype")}
+_MEASURED = {
+    **{c: _TIMING for c in ("median_s", "p10_s", "p90_s", "cost_s")},
+    "repeats": "typeof({c})='integer' AND {c} BETWEEN 1 AND 2147483647",
+    "created": "typeof({c}) IN ('real','integer')",
+    "point": _POINT,
+}
+#: What every stored value must look like, per table and column. Checked once when a file is opened, so every
+#: reader (the raw SQL of the report included) can trust the types: a damaged or hand-edited row is refused.
+_ROW_CHECKS: dict[str, dict[str, str]] = {
+    "points": {**_CONTEXT, "sig_key": _TEXT, **_MEASURED},
+    "forwards": {**_CONTEXT, "model": _TEXT, "phase": _TEXT, **_MEASURED},
+    "signatures": {
+        **_CONTEXT,
+        "sig_key": _TEXT,
+        "sig_json": _json("sig_json", "object"),
+        "grid_size": "{c} IS NULL OR (typeof({c})='integer' AND {c} BETWEEN 0 AND 2147483647)",
+        "complete": "{c} IN (0, 1)",
+    },
+    "traces": {
+        "engine": _TEXT,
+        "model": _TEXT,
+        "phase": _TEXT,
+        "created": "typeof({c}) IN ('real','integer')",
+        # a tracer trace (records: a list) or the config the calibration stored (no records)
+        "trace_json": _json("trace_json", "object", "COALESCE(json_type(trace_json, '$.records'), 'array') = 'array'"),
+    },
+}
+
+
+def _check_rows(con: sqlite3.Connection, path: Path) -> None:
+    for table, checks in _ROW_CHECKS.items():
+        conds = {col: f"COALESCE(({cond.format(c=col)}), 0)" for col, cond in checks.items()}  # NULL is bad
+        try:
+            bad = con.execute(
+                f"SELECT rowid FROM {table} WHERE NOT ({' AND '.join(conds.values())}) LIMIT 1"
+            ).fetchone()
+            if bad is None:
+                continue
+            row = con.execute(f"SELECT {', '.join(conds.values())} FROM {table} WHERE rowid=?", bad).fetchone()
+            cols = [c for c, ok in zip(conds, row, strict=True) if not ok]
+        except sqlite3.DatabaseError as exc:
+            raise DoolyError(f"{path}: damaged profile database ({exc})") from None
+        raise DoolyError(f"{path}: damaged profile database (row {bad[0]} of {table}: bad {', '.join(cols)})")
+
+
+def _writable(directory: Path) -> bool:
+    return os.access(directory, os.W_OK)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    p = path.absolute().parent
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_dooly(con: sqlite3.Connection, path: Path) -> None:
+    """Raise a one-line DoolyError unless ``con`` holds a dooly profile database of this schema version."""
+    try:
+        cols = _schema_columns(con)
+    except sqlite3.OperationalError as exc:
+        if "unable to open" in str(exc):
+            raise  # the file could not be opened at all: the caller knows why (read-only directory)
+        raise DoolyError(f"{path}: not a dooly profile database ({exc})") from None
+    except sqlite3.DatabaseError as exc:
+        raise DoolyError(f"{path}: not a dooly profile database ({exc})") from None
+    if "meta" not in cols:
+        have = ", ".join(sorted(cols)) or "no tables"
+        raise DoolyError(f"{path}: not a dooly profile database ({have}); refusing to touch it")
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise DoolyError(f"{path}: not a dooly profile database ({exc})") from None
+    if row is None:
+        raise DoolyError(f"{path}: not a dooly profile database (no schema_version in its meta table)")
+    if str(row[0]) != str(SCHEMA_VERSION):
+        raise DoolyError(f"{path}: profile database schema {row[0]!r}, expected {SCHEMA_VERSION}")
+    for table, want in _EXPECTED.items():
+        if cols.get(table) != want:
+            raise DoolyError(
+                f"{path}: not a dooly profile database of schema {SCHEMA_VERSION} (table {table}: columns "
+                f"{cols.get(table)}, expected {want})"
+            )
+    try:
+        ok = con.execute("PRAGMA quick_check(1)").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        ok = str(exc)
+    if ok != "ok":
+        raise DoolyError(f"{path}: damaged profile database ({' '.join(str(ok).split())[:160]})")  # one line
+    _check_rows(con, path)
+
+
+def _text(raw: bytes) -> str:
+    # A damaged file may hold invalid UTF-8 where text belongs; it then fails as bad JSON, in one line.
+    return raw.decode("utf-8", "replace")
+
+
+def _connect(target: str, **kw: Any) -> sqlite3.Connection:
+    con = sqlite3.connect(target, **kw)
+    con.text_factory = _text
+    return con
+
+
+def _uri(path: Path, **params: str) -> str:
+    return f"file:{urllib.parse.quote(str(path.absolute()))}?" + urllib.parse.urlencode(params)
+
+
+def open_readonly(path: str | Path) -> sqlite3.Connection:
+    """A read-only connection to the dooly profile database at ``path`` (which must exist), checked.
+
+    Nothing is written to the file, and no file is created beside it: without a ``-wal`` file (no writer
+    active, no killed run's commits pending) the file holds the whole database and is opened as immutable.
+    With one, SQLite must read it (and add the ``-shm`` index next to it), unless the directory is read-only:
+    then no one can be writing there and the file alone is read.
+    """
+    path = Path(path)
+    if not os.access(path, os.R_OK):
+        raise DoolyError(f"{path}: cannot read the profile database (permission denied)")
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        con = _connect(_uri(path, mode="ro"), uri=True, timeout=60.0)
+        try:
+            _check_dooly(con, path)
+            return con
+        except sqlite3.OperationalError as exc:
+            con.close()
+            if _writable(path.parent):
+                raise DoolyError(f"{path}: cannot open the profile database ({exc})") from None
+        except BaseException:
+            con.close()
+            raise
+    con = _connect(_uri(path, mode="ro", immutable="1"), uri=True)
+    try:
+        _check_dooly(con, path)
+    except sqlite3.DatabaseError as exc:
+        con.close()
+        raise DoolyError(f"{path}: cannot open the profile database ({exc})") from None
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _memory_db() -> sqlite3.Connection:
+    con = _connect(":memory:", isolation_level=None)
+    con.executescript(_SCHEMA)
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    return con
+
+
+class ProfileStore:
+    """The profile database. Open it with ``ProfileStore(path)``; use as a context manager to close it.
+
+    ``readonly=True``: read the file (which may be absent: an empty store) without ever writing it.
+    """
+
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
-        if self.path.exists() and self.path.is_dir():
+        self.readonly = readonly
+        self._created = False  # this run created the file (removed again if the run fails before measuring)
+        self._pending = False  # the file does not exist yet: created on the first write
+        if self.path.is_dir():
             raise DoolyError(f"{self.path}: is a directory, expected a profile database file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        exists = self.path.exists()
+        empty = exists and self.path.stat().st_size == 0  # e.g. left behind by an older dooly: nothing to keep
+        if readonly:
+            self._db = _memory_db() if not exists or empty else self._snapshot()
+            return
+        if not exists or empty:
+            parent = self.path.parent if exists else _existing_ancestor(self.path)
+            if not _writable(parent):
+                raise DoolyError(
+                    f"{self.path}: cannot create the profile database: {parent} is read-only "
+                    "(pass --db a path in a writable directory)"
+                )
+            self._db, self._pending = _memory_db(), True
+            return
+        open_readonly(self.path).close()  # a foreign or damaged file is refused before anything is written
+        if not os.access(self.path, os.W_OK):
+            raise DoolyError(
+                f"{self.path}: the profile database is read-only (file permissions or a read-only file system); "
+                "commands that only read it work, to profile into it make it writable or copy it"
+            )
+        if not _writable(self.path.parent):
+            raise DoolyError(
+                f"{self.path}: its directory {self.path.parent} is read-only, and SQLite must create "
+                f"{self.path.name}-wal beside the database to write it; commands that only read it work, "
+                "to profile into it copy it to a writable directory"
+            )
+        self._db = self._connect_rw()
+
+    def _snapshot(self) -> sqlite3.Connection:
+        src = open_readonly(self.path)  # checked, quick_check included
+        mem = _connect(":memory:", isolation_level=None)
+        try:
+            src.backup(mem)
+        except sqlite3.DatabaseError as exc:
+            mem.close()
+            raise DoolyError(f"{self.path}: damaged profile database ({exc})") from None
+        finally:
+            src.close()
+        return mem
+
+    def _connect_rw(self) -> sqlite3.Connection:
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves so each measurement is one transaction.
-            self._db = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process kills
-            self._db.execute("PRAGMA busy_timeout=60000")
-            with self._tx():
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        self._db.execute(stmt)
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            db = _connect(str(self.path), timeout=60.0, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process kills
+            db.execute("PRAGMA busy_timeout=60000")
+            return db
         except sqlite3.DatabaseError as exc:
-            raise DoolyError(f"{self.path}: not a dooly profile database ({exc})") from None
-        if row is None or int(row[0]) != SCHEMA_VERSION:
-            raise DoolyError(f"{self.path}: profile database schema {row and row[0]}, expected {SCHEMA_VERSION}")
+            raise DoolyError(f"{self.path}: cannot open the profile database for writing ({exc})") from None
+
+    def _materialise(self) -> None:
+        """Create the file on the first write (nothing was written to the in-memory stand-in)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._created = not self.path.exists()
+        db = self._connect_rw()
+        try:
+            db.execute("BEGIN IMMEDIATE")  # one transaction: a kill leaves either no schema or all of it
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            db.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise DoolyError(f"{self.path}: cannot create the profile database ({exc})") from None
+        self._db.close()
+        self._db, self._pending = db, False
 
     # -- plumbing -----------------------------------------------------------------------------------------
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        if self._pending:
+            try:
+                self._materialise()
+            except OSError as exc:
+                raise DoolyError(f"{self.path}: cannot create the profile database ({exc.strerror})") from None
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise DoolyError(f"{self.path}: cannot write the profile database ({exc})") from None
         try:
             yield self._db
+        except sqlite3.DatabaseError as exc:
+            self._db.execute("ROLLBACK")
+            raise DoolyError(f"{self.path}: cannot write the profile database ({exc})") from None
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
@@ -160,8 +415,20 @@ class ProfileStore:
     def __enter__(self) -> ProfileStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and self._created and not self._measured():
+            self.close()
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            return
         self.close()
+
+    def _measured(self) -> bool:
+        """Whether the file holds a measurement (a failed first run that holds none leaves no file behind)."""
+        try:
+            return any(self._db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in ("points", "forwards"))
+        except sqlite3.DatabaseError:
+            return True
 
     # -- signatures ---------------------------------------------------------------------------------------
     def register_signature(self, ctx: ProfileContext, sig_key: str, sig_json: str, grid_size: int | None) -> None:
@@ -312,3 +579,12 @@ class ProfileStore:
             "cost_s": cost,
             "contexts": [asdict(c) for c in self.contexts()],
         }
+
+
+def profile_command(model: object, db: str | Path, name: str) -> str:
+    """The `dooly profile` command line that fills ``db`` for ``model`` as the user gave it: a zoo name or a path
+    (a config's file stem is no model name), or ``name`` for a config dict, which has no command-line spelling."""
+    import shlex
+
+    arg = str(model) if isinstance(model, str | Path) else name
+    return f"dooly profile {shlex.quote(arg)} --db {shlex.quote(str(db))}"

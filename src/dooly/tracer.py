@@ -102,13 +102,22 @@ def trace_model(
         shape = RequestShape(requests, syms.new("tokens", values["tokens"]), syms.new("kv_len", values["kv_len"]))
     t_build = time.perf_counter() - t0
 
-    with syms.fake_mode, engine.tracing_context(), _module_tracking(model) as stack:
-        recorder = OpRecorder(syms, engine.engine_id, lambda: stack[-1] if stack else "")
-        with recorder:
-            inputs = engine.prepare(model, shape)  # tracked for values (the cache prefill), not recorded
-            recorder.recording = True
-            engine.forward(model, inputs)
-            recorder.recording = False
+    try:
+        with syms.fake_mode, engine.tracing_context(), _module_tracking(model) as stack:
+            recorder = OpRecorder(syms, engine.engine_id, lambda: stack[-1] if stack else "")
+            with recorder:
+                inputs = engine.prepare(model, shape)  # tracked for values (the cache prefill), not recorded
+                recorder.recording = True
+                engine.forward(model, inputs)
+                recorder.recording = False
+    except DoolyError:
+        raise
+    except Exception:
+        # A request size the code turned into a constant can break the pass later on (e.g. an SSM's chunk step
+        # adds the cached length to a shape it fixed at prefill); that is the reason to report, as in the other
+        # phases. Any other failure is not explained by the labelling and keeps its traceback.
+        syms.check_specialised()
+        raise
     syms.check_specialised()
 
     records = [OpRecord(sig, i, module, layer_of(module), view) for i, (sig, module, view) in enumerate(recorder.calls)]

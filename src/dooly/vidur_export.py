@@ -149,7 +149,7 @@ def export_vidur(
         raise DoolyError(f"{db}: no such profile database")
     engine = get_engine(dtype=dtype)
     name, config = resolve_model(model)
-    with ProfileStore(db) as store:
+    with ProfileStore(db, readonly=True) as store:
         traces = model_traces(name, config, engine, store)
         points = store.all_points(context_for(engine, threads if threads is not None else default_threads()))
     lat = _Latency(points)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from typer.testing import CliRunner
 
 from dooly.cli import app
 from dooly.errors import DoolyError
+from dooly.zoo import resolve_model
 
 runner = CliRunner()
 
@@ -55,3 +59,87 @@ def test_help_texts() -> None:
     for cmd in ("plan", "profile", "validate"):
         res = runner.invoke(app, [cmd, "--help"])
         assert res.exit_code == 0 and "--db" in res.output
+
+
+def _foreign_sqlite(path: Path) -> bytes:
+    """A user's own SQLite file (rollback journal, one table of data): dooly must never alter it."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    con.executemany("INSERT INTO users (name) VALUES (?)", [("ada",), ("grace",)])
+    con.commit()
+    con.close()
+    return path.read_bytes()
+
+
+def _db_commands(model: Path, db: Path, out: Path) -> list[list[str]]:
+    """Every command that takes --db, with the cheapest arguments that reach the database."""
+    return [
+        ["plan", str(model), "--db", str(db), "--grid", "tiny"],
+        ["profile", str(model), "--db", str(db), "--grid", "tiny", "--no-calibrate"],
+        ["validate", str(model), "--db", str(db), "--repeats", "1", "--rounds", "1"],
+        ["simulate", str(model), "--db", str(db), "--workload", "poisson:n=4,rate=2,prompt=8-16,output=2-4,seed=0"],
+        ["validate-serving", str(model), "--db", str(db), "--real-runs", "1"],
+        ["export-vidur", str(model), "--db", str(db), "-o", str(out / "vidur")],
+        ["report", "--db", str(db), "-o", str(out / "r.html")],
+    ]
+
+
+def test_a_foreign_sqlite_file_is_refused_untouched_by_every_command(configs, tmp_path: Path) -> None:
+    _, a, _ = configs
+    foreign = tmp_path / "users.sqlite"
+    before = _foreign_sqlite(foreign)
+    listing = sorted(p.name for p in tmp_path.iterdir())
+    for cmd in _db_commands(a, foreign, tmp_path):
+        res = runner.invoke(app, cmd)
+        assert isinstance(res.exception, DoolyError), (cmd[0], res.output, res.exception)
+        assert "not a dooly profile database" in str(res.exception) and "\n" not in str(res.exception), cmd[0]
+        assert foreign.read_bytes() == before, f"{cmd[0]} altered a foreign SQLite file"
+        assert sorted(p.name for p in tmp_path.iterdir()) == listing, f"{cmd[0]} left files beside it"
+
+
+def test_reading_commands_never_write_the_db_nor_create_one(configs, monkeypatch) -> None:
+    db, a, b = configs
+    monkeypatch.setenv("DOOLY_THREADS", "1")
+    before = db.read_bytes()
+    res = runner.invoke(app, ["plan", str(a), str(b), "--db", str(db), "--grid", "tiny"])
+    assert res.exit_code == 0, res.output
+    assert db.read_bytes() == before  # no signatures registered, no WAL switch, no trace cached
+    missing = db.parent / "never.db"
+    res = runner.invoke(app, ["plan", str(a), "--db", str(missing), "--grid", "tiny"])
+    assert res.exit_code == 0 and "to profile now" in res.output
+    assert not missing.exists()
+
+
+def test_bad_input_leaves_no_db_behind(configs) -> None:
+    _, a, _ = configs
+    bad = a.parent / "bad.json"
+    bad.write_text(json.dumps({"model_type": "nonexistent_arch"}))
+    new = a.parent / "new.db"
+    for cmd in (["plan", str(bad)], ["profile", str(bad), "--grid", "tiny"], ["profile", "no-such-model"]):
+        res = runner.invoke(app, [*cmd, "--db", str(new)])
+        assert res.exit_code == 1, res.output
+        assert not new.exists(), f"{cmd} left {new} behind"
+    res = runner.invoke(app, ["profile", str(a), "--db", str(new), "--grid", "nonsense"])
+    assert isinstance(res.exception, DoolyError) and not new.exists()
+
+
+def test_one_unlabelable_model_is_one_line_and_the_rest_is_planned(configs) -> None:
+    db, a, b = configs
+    bad = a.parent / "weird.json"
+    bad.write_text(json.dumps({"model_type": "nonexistent_arch"}))
+    res = runner.invoke(app, ["plan", str(a), str(bad), str(b), "--db", str(db), "--grid", "tiny"])
+    assert res.exit_code == 1
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(bad) in errors[0] and "nonexistent_arch" in errors[0]
+    assert "tiny-a" in res.output and "tiny-b" in res.output and "to profile now" in res.output
+
+
+def test_validate_suggests_a_profile_command_that_works(configs) -> None:
+    db, a, _ = configs  # traced (seeded) but never profiled
+    res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp"])
+    assert isinstance(res.exception, DoolyError), res.output
+    hint = re.search(r"run `(dooly profile .*?)`", str(res.exception))
+    assert hint, str(res.exception)
+    argv = shlex.split(hint.group(1))
+    assert argv == ["dooly", "profile", str(a), "--db", str(db)]
+    assert resolve_model(argv[2])[0] == "tiny-a"  # the model argument resolves (the file stem would not)

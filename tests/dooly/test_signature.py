@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -51,6 +52,40 @@ def test_expressions_reject_anything_else(bad: str) -> None:
         eval_expr(bad, {"tokens": 1})
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "9**9**9",  # ran for more than a minute before exponents were bounded
+        "tokens**100000000",
+        "(2**62)*(2**62)*(2**62)",
+        "2**63*4",
+        "max(99999999999999999999999, tokens)",
+        "tokens // (kv_len - kv_len)",
+        "tokens % 0",
+        "tokens**-1",
+        "2**2**2**2**2**2",
+    ],
+)
+def test_hostile_expressions_fail_fast_with_one_line(hostile: str) -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(DoolyError) as exc:
+        eval_expr(hostile, {"tokens": 37, "kv_len": 113})
+    assert time.perf_counter() - t0 < 0.5
+    msg = str(exc.value)
+    assert "\n" not in msg and "bad shape expression" in msg and hostile[:20] in msg
+
+
+def test_bounds_leave_real_sizes_alone() -> None:
+    v = {"tokens": 2**20, "kv_len": 3}
+    assert eval_expr("2**62", v) == 2**62
+    assert eval_expr("tokens*tokens*tokens", v) == 2**60
+    assert eval_expr("1**1000000 + 0**1000000", v) == 1
+    assert eval_expr("(-2)**63", v) == -(2**63)
+    assert eval_expr(2**63, v) == 2**63
+    with pytest.raises(DoolyError, match="beyond 2"):
+        eval_expr(2**64, v)
+
+
 def test_missing_symbol_value_is_a_clear_error() -> None:
     with pytest.raises(DoolyError, match="kv_len"):
         eval_expr("kv_len + 1", {"tokens": 3})
@@ -64,6 +99,25 @@ def test_signature_key_is_stable_and_hashable() -> None:
     assert c.key != a.key  # the engine is part of the identity
     assert a.symbols() == {"requests", "tokens"}
     assert Signature.from_dict(a.to_dict()) == a
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda s, r: s["inputs"][0]["shape"].__setitem__(0, [1, 2]), "int or an expression"),  # was: unhashable
+        (lambda s, r: s["inputs"][0]["shape"].__setitem__(0, "tokens +"), "bad shape expression"),
+        (lambda s, r: s["inputs"][0]["shape"].__setitem__(0, 2**80), "beyond 2"),
+        (lambda s, r: s["inputs"][0].__setitem__("shape", "abc"), "list of dimensions"),
+        (lambda s, r: s.__setitem__("args", "[1]"), "bad signature args"),
+        (lambda s, r: r.__setitem__("layer", [3]), "layer"),
+        (lambda s, r: r.__setitem__("order", 1e999), "OverflowError"),
+    ],
+)
+def test_a_malformed_trace_file_is_one_error_naming_it(edit, why: str) -> None:  # noqa: ANN001
+    doc = json.loads(ModelTrace("m", "h", "prefill", "e", [OpRecord(_mm(), 0, "model.layers.0", 0)]).to_json())
+    edit(next(iter(doc["signatures"].values())), doc["records"][0])
+    with pytest.raises(DoolyError, match=rf"^t\.json: malformed dooly trace \(.*{why}"):
+        ModelTrace.from_json(json.dumps(doc), "t.json")
 
 
 def test_concrete_and_build_call() -> None:

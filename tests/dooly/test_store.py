@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -99,3 +102,145 @@ def test_sigkill_mid_write_loses_no_committed_point(tmp_path: Path) -> None:
         assert n > 20
         assert done == {canonical_point({"tokens": i}) for i in range(n)}
         assert st._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def _filled(path: Path) -> Path:
+    """A DB with a row in every table, as `dooly profile` leaves it (calibration stores the config as a trace)."""
+    with ProfileStore(path) as st:
+        st.register_signature(CTX, "sigA", '{"op":"mm"}', grid_size=1)
+        st.put_point(CTX, "sigA", {"tokens": 4}, M)
+        st.put_forward(CTX, "m", "prefill", {"requests": 1, "tokens": 4}, M)
+        st.put_trace("hf-eager/cpu:float32", "m@1", "prefill", '{"format": "dooly.trace/1", "records": []}')
+        st.put_trace("config", "m", "config", '{"model_type": "llama"}')
+    return path
+
+
+def _listing(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_a_file_is_created_on_the_first_write_only(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "p.db"
+    with ProfileStore(path) as st:
+        assert st.complete_keys(CTX) == set() and st.forwards(CTX) == []
+    assert not path.exists() and not path.parent.exists()  # opened and read: nothing created
+    with pytest.raises(RuntimeError), ProfileStore(path) as st:
+        st.put_trace("e", "m", "prefill", "{}")
+        raise RuntimeError("the run fails before measuring anything")
+    assert not path.parent.exists() or _listing(path.parent) == []  # the file this run created is gone
+    _filled(path)
+    with pytest.raises(RuntimeError), ProfileStore(path) as st:
+        raise RuntimeError("a later failed run keeps the measurements")
+    with ProfileStore(path) as st:
+        assert len(st.points(CTX, "sigA")) == 1
+
+
+def test_readonly_store_never_writes_nor_creates(tmp_path: Path) -> None:
+    path = _filled(tmp_path / "p.db")
+    before, listing = path.read_bytes(), _listing(tmp_path)
+    with ProfileStore(path, readonly=True) as st:
+        assert [p for p, _ in st.points(CTX, "sigA")] == [{"tokens": 4}]
+        st.put_trace("e", "m", "prefill", "{}")  # e.g. the trace cache: kept in memory for this run
+        assert st.get_trace("e", "m", "prefill") == "{}"
+    assert path.read_bytes() == before and _listing(tmp_path) == listing
+    with ProfileStore(path, readonly=True) as st:
+        assert st.get_trace("e", "m", "prefill") is None
+    with ProfileStore(tmp_path / "absent.db", readonly=True) as st:
+        assert st.summary()["points"] == 0
+    assert _listing(tmp_path) == listing
+
+
+def test_foreign_or_wrong_schema_sqlite_is_refused_untouched(tmp_path: Path) -> None:
+    foreign = tmp_path / "f.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE points (x)")
+    con.commit()
+    con.close()
+    wrong = _filled(tmp_path / "w.db")
+    con = sqlite3.connect(wrong)
+    con.execute("ALTER TABLE points DROP COLUMN cost_s")
+    con.commit()
+    con.close()
+    for path, why in ((foreign, "not a dooly profile database"), (wrong, "table points")):
+        before = path.read_bytes()
+        for readonly in (False, True):
+            with pytest.raises(DoolyError, match=why):
+                ProfileStore(path, readonly=readonly)
+        assert path.read_bytes() == before
+    assert _listing(tmp_path) == ["f.db", "w.db"]
+
+
+@pytest.mark.parametrize(
+    ("update", "column"),
+    [
+        ("UPDATE points SET median_s = 1e300", "median_s"),
+        ("UPDATE points SET median_s = 'NaN'", "median_s"),
+        ("UPDATE points SET cost_s = -1", "cost_s"),
+        ("UPDATE points SET repeats = -3", "repeats"),
+        ("UPDATE points SET point = '{\"tokens\": '", "point"),
+        ("UPDATE points SET point = '[1, 2]'", "point"),
+        ("UPDATE points SET point = '{\"tokens\": 1e999}'", "point"),
+        ("UPDATE points SET point = x'00ff'", "point"),
+        ("UPDATE signatures SET complete = 7", "complete"),
+        ("UPDATE signatures SET grid_size = 'big'", "grid_size"),
+        ("UPDATE traces SET trace_json = '[]'", "trace_json"),
+        ("UPDATE traces SET trace_json = '{\"records\": 5}'", "trace_json"),
+    ],
+)
+def test_damaged_rows_are_refused_at_open_naming_file_row_and_column(tmp_path: Path, update: str, column: str) -> None:
+    path = _filled(tmp_path / "c.db")
+    con = sqlite3.connect(path)
+    con.execute(update)
+    con.commit()
+    con.close()
+    for readonly in (True, False):
+        with pytest.raises(DoolyError, match=rf"c\.db: damaged profile database \(row 1 of \w+: bad {column}\)"):
+            ProfileStore(path, readonly=readonly)
+
+
+_READER = """
+import sys
+from dooly.errors import DoolyError
+from dooly.store import ProfileContext, ProfileStore
+ctx = ProfileContext(hardware="cpu:test:cores2:threads1")
+with ProfileStore(sys.argv[1], readonly=True) as st:
+    print("read", len(st.points(ctx, "sigA")))
+from dooly.report import savings_from_db  # reads the file with its own SQL
+print("report rows", len(savings_from_db(sys.argv[1])))
+try:
+    ProfileStore(sys.argv[1])
+except DoolyError as exc:
+    print("write:", exc)
+"""
+
+
+def _in_readonly_dir(d: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """Run argv with ``d`` read-only: chmod for a user; root ignores modes, so a read-only bind mount in a
+    private mount namespace (gone when the process ends)."""
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        finally:
+            d.chmod(0o755)
+    if shutil.which("unshare") is None:
+        pytest.skip("running as root without unshare: cannot make a directory read-only")
+    script = 'mount --bind -o ro "$1" "$1" || exit 99; shift; exec "$@"'
+    res = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(d), *argv], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    if res.returncode == 99 or "unshare failed" in res.stderr:
+        pytest.skip(f"cannot mount a read-only directory here: {res.stderr.strip()[:80]}")
+    return res
+
+
+def test_a_db_in_a_readonly_directory_reads_and_says_why_it_cannot_be_written(tmp_path: Path) -> None:
+    d = tmp_path / "ro"
+    d.mkdir()
+    path = _filled(d / "p.db")
+    before = path.read_bytes()
+    res = _in_readonly_dir(d, [sys.executable, "-c", _READER, str(path)])
+    assert res.returncode == 0, res.stderr
+    # the report's reader opens it too (no models are recorded as profiled in this DB, so no savings rows)
+    assert "read 1" in res.stdout and "report rows 0" in res.stdout
+    assert "is read-only" in res.stdout and "not a dooly profile database" not in res.stdout
+    assert path.read_bytes() == before and _listing(d) == ["p.db"]

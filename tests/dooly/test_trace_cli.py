@@ -56,3 +56,28 @@ def test_bad_model_is_a_dooly_error_before_any_tracing(tmp_path: Path) -> None:
     assert "tracing" not in res.output and not (tmp_path / "t.json").exists()
     res = runner.invoke(app, ["trace", "opt-125m", "--phase", "train"])
     assert isinstance(res.exception, DoolyError) and "--phase" in str(res.exception)
+
+
+# A small SSM (mamba-style) config: its code fixes the request sizes to constants, so no phase can be labelled.
+SSM = {
+    "model_type": "mamba",
+    "hidden_size": 32,
+    "state_size": 4,
+    "num_hidden_layers": 1,
+    "vocab_size": 64,
+    "intermediate_size": 64,
+    "conv_kernel": 4,
+    "time_step_rank": 4,
+}
+
+
+def test_ssm_model_is_refused_with_the_same_one_line_error_in_every_phase(tmp_path: Path) -> None:
+    cfg = tmp_path / "ssm.json"
+    cfg.write_text(json.dumps(SSM))
+    messages = {}
+    for phase in ("decode", "chunk"):  # chunk used to escape as a RuntimeError traceback from the fake forward
+        res = runner.invoke(app, ["trace", str(cfg), "--phase", phase])
+        assert isinstance(res.exception, DoolyError), (phase, res.exception)
+        messages[phase] = str(res.exception)
+    assert messages["chunk"] == messages["decode"]
+    assert "specialised request size kv_len" in messages["chunk"] and "\n" not in messages["chunk"]

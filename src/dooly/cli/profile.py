@@ -14,7 +14,9 @@ from dooly.cli.app import app
 out = Console()
 err = Console(stderr=True)
 
-_DB = typer.Option(Path("profiles.db"), "--db", help="Profile database (SQLite file; created if absent).")
+_DB = typer.Option(
+    Path("profiles.db"), "--db", help="Profile database (SQLite file; `dooly profile` creates it, others only read)."
+)
 _THREADS = typer.Option(None, "--threads", help="torch threads while timing (default: $DOOLY_THREADS or 1).")
 _DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or auto.")
 _DTYPE = typer.Option("bfloat16", "--dtype", help="Weight/activation dtype of the engine.")
@@ -37,6 +39,34 @@ def _grid(name: str):  # type: ignore[no-untyped-def]
     if name == "tiny":
         return GridSpec.tiny()
     raise DoolyError(f"unknown grid {name!r} (default or tiny)")
+
+
+def _labelable(models: list[str], store, engine) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
+    """The models that resolve and trace (their traces land in the store's cache, so planning does not trace
+    again), and one line for each that does not: one bad model must not cost the others their plan."""
+    from dooly.errors import DoolyError
+    from dooly.profiler import model_traces
+    from dooly.zoo import resolve_model
+
+    ok, failed = [], []
+    for m in models:
+        try:
+            name, cfg = resolve_model(m)
+            err.print(f"tracing {name}")
+            model_traces(name, cfg, engine, store)
+        except DoolyError as exc:
+            failed.append(f"{m}: {exc}")
+        else:
+            ok.append(m)
+    for line in failed:
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    return ok, failed
+
+
+def _fail_if(failed: list[str]) -> None:
+    if failed:
+        err.print(f"{len(failed)} of the models given could not be traced (see above); exit status 1")
+        raise typer.Exit(1)
 
 
 def _print_savings(plan, store) -> None:  # type: ignore[no-untyped-def]
@@ -69,9 +99,13 @@ def plan_cmd(
     from dooly.store import ProfileStore
 
     engine, threads = _setup(device, dtype, threads)
-    with ProfileStore(db) as store:
-        plan = make_plan(models, store, engine, _grid(grid), threads, progress=lambda m: err.print(m))
-        _print_savings(plan, store)
+    grid_spec = _grid(grid)
+    with ProfileStore(db, readonly=True) as store:  # planning writes nothing (traces are cached in memory)
+        ok, failed = _labelable(models, store, engine)
+        if ok:
+            plan = make_plan(ok, store, engine, grid_spec, threads)
+            _print_savings(plan, store)
+    _fail_if(failed)
 
 
 @app.command("profile")
@@ -93,8 +127,12 @@ def profile_cmd(
     from dooly.zoo import resolve_model
 
     engine, threads = _setup(device, dtype, threads)
+    grid_spec = _grid(grid)
     with ProfileStore(db) as store:
-        plan = make_plan(models, store, engine, _grid(grid), threads, progress=lambda m: err.print(m))
+        models, failed = _labelable(models, store, engine)
+        if not models:
+            _fail_if(failed)  # inside the store: a DB this run created, with nothing measured, is removed
+        plan = make_plan(models, store, engine, grid_spec, threads)
         total_sigs = len(plan.grid_size)
         err.print(f"{total_sigs} unique signatures; {len(plan.known)} skipped as already in the DB; "
                   f"{len(plan.jobs)} jobs, {plan.todo_points} points to time")  # fmt: skip
@@ -119,6 +157,7 @@ def profile_cmd(
                   f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
                   f"calibration forwards {calib:.1f} s")  # fmt: skip
         _print_savings(plan, store)
+    _fail_if(failed)
 
 
 @app.command("validate")
@@ -142,15 +181,15 @@ def validate_cmd(
     from dooly.errors import DoolyError
     from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
     from dooly.profiler import context_for
-    from dooly.store import ProfileStore
+    from dooly.store import ProfileStore, profile_command
     from dooly.zoo import resolve_model
 
     if not db.exists():
-        raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
+        raise DoolyError(f"{db}: no such profile database (run `{profile_command(model, db, model)}` first)")
     engine, threads = _setup(device, dtype, threads)
     name, cfg = resolve_model(model)
     if method == "auto":
-        with ProfileStore(db) as store:
+        with ProfileStore(db, readonly=True) as store:
             raw = store.all_points(context_for(engine, threads))
         errs = method_errors({k: [(p, m.median_s) for p, m in v] for k, v in raw.items()})
         if errs["interp"]:

@@ -115,7 +115,9 @@ def _context_label(ctx: ProfileContext) -> str:
 def profiled_models(store: ProfileStore, ctx: ProfileContext) -> list[ModelSignatures]:
     """The models profiled into the DB under ``ctx``, in the order first profiled."""
     text = store.get_trace(_RECORD[0], _context_label(ctx), _RECORD[1])
-    return [ModelSignatures(m["name"], m["points"]) for m in json.loads(text)] if text else []
+    if not text:
+        return []
+    return [ModelSignatures(m["name"], m["points"]) for m in json.loads(text)["models"]]
 
 
 def record_models(store: ProfileStore, ctx: ProfileContext, models: Sequence[ModelSignatures]) -> None:
@@ -124,7 +126,8 @@ def record_models(store: ProfileStore, ctx: ProfileContext, models: Sequence[Mod
     recorded = {m.name: m for m in profiled_models(store, ctx)}
     for m in models:
         recorded[m.name] = m  # a dict keeps first-insertion order
-    doc = [{"name": m.name, "points": m.points} for m in recorded.values()]
+    # an object, like every document in the traces table (the store checks that on open)
+    doc = {"models": [{"name": m.name, "points": m.points} for m in recorded.values()]}
     store.put_trace(_RECORD[0], _context_label(ctx), _RECORD[1], json.dumps(doc, sort_keys=True))
 
 
