@@ -240,6 +240,7 @@ def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
     starts[0] = _LPAD
     starts[1:] = nl[:-1] + 1
     ends = nl.astype(np.int64)
+    ends -= buf[ends - 1] == ord("\r")  # CRLF text (a file from Windows): the '\r' is not part of the line
     # Drop blank lines and comment/header lines before locating fields.
     first = _skip_spaces(buf, starts, 64)
     keep = (first < ends) & (buf[first] != ord("#"))
