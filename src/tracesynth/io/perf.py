@@ -366,7 +366,7 @@ def _assemble(blocks: list[_Block], events: _Vocab, comms: _Vocab, metadata: dic
 
     ts = cat("ts", np.int64)
     order = None
-    if len(ts) > 1 and (np.diff(ts) < 0).any():
+    if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # compared, not subtracted (no int64 overflow)
         order = np.argsort(ts, kind="stable")  # perf sorts by time; tolerate text that was not
     cols = {
         "ts": ts,

@@ -11,6 +11,11 @@ the pid column (``[pid N]`` or ``N`` prefix; lines without one belong to the fir
 ``comm`` is known from a successful ``execve`` on, inherited by children created by
 clone/fork/vfork, and null before that. Rows are sorted by time.
 
+Lines that are not strace events are skipped with one warning. So are lines whose timestamp, pid,
+return value or duration does not fit the table's int64 columns (a corrupt or edited file): one
+warning names their line numbers and the rest of the trace is kept. Fraction digits beyond the
+9th (below a nanosecond) are dropped.
+
 Line structure is matched by vectorised pyarrow regex kernels over the whole file; Python only
 walks the few execve/clone lines that carry names.
 """
