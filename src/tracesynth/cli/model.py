@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -31,14 +32,38 @@ def fit(
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
+    anonymize: bool = typer.Option(
+        False,
+        "--anonymize",
+        help="Anonymise each trace before fitting (as `tracesynth anonymize`). Without it the model keeps the "
+        "traces' real command names (vocab.json) and real thread ids (ret values of gettid, clone, ...).",
+    ),
+    salt: str = typer.Option(
+        None,
+        "--salt",
+        envvar="TRACESYNTH_SALT",
+        help="Salt of the comm hashes with --anonymize (default: random; give the same one to --resume, and one "
+        "under torchrun).",
+    ),
 ) -> None:
-    """Train the diffusion generator on real traces (run under `torchrun` for several processes)."""
+    """Train the diffusion generator on real traces (run under `torchrun` for several processes).
+
+    The model holds the traces' real command names and thread ids unless --anonymize is given.
+    """
     from tracesynth.diffusion import TraceSynth, TraceSynthConfig
     from tracesynth.diffusion.synth import is_main_process
     from tracesynth.io import read_trace
 
     _set_threads(threads)
     traces = [read_trace(p) for p in data]
+    if anonymize:
+        from tracesynth.anonymize import anonymize as anonymize_trace
+        from tracesynth.cli.trace_io import _salt
+
+        if not salt and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise TraceSynthError("--anonymize under torchrun needs --salt (every process must hash alike)")
+        key = _salt(salt)  # one salt for all traces: the same program gets the same label in each
+        traces = [anonymize_trace(t, key) for t in traces]
     if resume and output.exists():
         synth = TraceSynth.load(output)
         if synth.step >= steps:

@@ -9,7 +9,6 @@ from typing import Any
 from tracesynth.channels import channels_for
 from tracesynth.errors import TraceSynthError
 
-
 # field -> (type, lowest value or None); checked on every config, so a damaged config.json is one clear error
 _RANGES: dict[str, tuple[type, float | None]] = {
     **dict.fromkeys(("context", "timesteps"), (int, 2)),
