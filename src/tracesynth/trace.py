@@ -232,7 +232,7 @@ class Trace:
         try:
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as exc:
-            raise TraceSynthError(f"not a readable Parquet file ({exc})", path) from None
+            raise TraceSynthError(f"not a readable Parquet file ({' '.join(str(exc).split())})", path) from None
         try:
             trace = cls(table, validate=False)
             trace.validate(path)
@@ -241,7 +241,7 @@ class Trace:
                 raise
             raise TraceSynthError(str(exc), path) from None
         except (pa.ArrowException, ValueError) as exc:
-            raise TraceSynthError(f"not a tracesynth trace ({exc})", path) from None
+            raise TraceSynthError(f"not a tracesynth trace ({' '.join(str(exc).split())})", path) from None
         return trace
 
 

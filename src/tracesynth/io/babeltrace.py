@@ -173,11 +173,14 @@ def _root_cause(stderr: str) -> str:
     return (useful or msgs)[-1].rstrip(".:")
 
 
-def run_babeltrace2(args: Sequence[str], path: str | Path, timeout: float | None = 120) -> str:
+def run_babeltrace2(args: Sequence[str], path: str | Path, timeout: float = 30) -> str:
     """Run babeltrace2 to completion and return stdout (small outputs only: metadata, queries)."""
-    proc = subprocess.run(
-        [babeltrace2_binary(), *args], capture_output=True, text=True, errors="replace", timeout=timeout
-    )
+    try:
+        proc = subprocess.run(
+            [babeltrace2_binary(), *args], capture_output=True, text=True, errors="replace", timeout=timeout
+        )
+    except subprocess.TimeoutExpired:  # babeltrace2 2.0 can loop on some damaged metadata
+        raise TraceSynthError(f"babeltrace2 did not finish within {timeout:g} s (corrupt trace?)", path) from None
     if proc.returncode != 0:
         raise TraceSynthError(
             f"babeltrace2 cannot read this trace (truncated or corrupt?): {_root_cause(proc.stderr)}", path
@@ -202,8 +205,38 @@ def _tsdl_value(raw: str) -> Any:
         return raw
 
 
+_META_MAGIC = 0x75D11D57
+_META_HEADER = 37  # bytes: magic, uuid[16], checksum, content_size, packet_size, 5 one-byte fields
+
+
+def check_packetized_metadata(path: Path) -> None:
+    """TraceSynthError if a packetized metadata file ends inside a packet (a truncated copy).
+
+    babeltrace2 may spin forever on such a file instead of failing, so it is checked first.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceSynthError(f"cannot read ({exc.strerror})", path) from None
+    order = {_META_MAGIC.to_bytes(4, "little"): "little", _META_MAGIC.to_bytes(4, "big"): "big"}.get(data[:4])
+    if order is None:
+        return  # TSDL text (or not metadata at all: babeltrace2 says so)
+    off = 0
+    while off < len(data):
+        head = data[off : off + _META_HEADER]
+        if len(head) < _META_HEADER or head[:4] != data[:4]:
+            raise TraceSynthError(f"metadata packet at byte {off} is damaged or cut short", path)
+        content_bits = int.from_bytes(head[24:28], order)
+        size = int.from_bytes(head[28:32], order) // 8
+        if size < _META_HEADER or content_bits > size * 8 or off + size > len(data):
+            raise TraceSynthError(f"metadata packet at byte {off} is damaged or cut short (truncated copy?)", path)
+        off += size
+
+
 def ctf_metadata(path: str | Path) -> dict[str, Any]:
     """Environment, clocks and trace UUID of one CTF trace directory (via `-o ctf-metadata`)."""
+    if (Path(path) / "metadata").is_file():
+        check_packetized_metadata(Path(path) / "metadata")
     text = run_babeltrace2(["-o", "ctf-metadata", str(path)], path)
     env: dict[str, Any] = {}
     for block in _ENV_BLOCK.findall(text):
@@ -861,6 +894,7 @@ def _take_lines(chunks: list[bytes], size: int, done: bool) -> tuple[np.ndarray,
     return buf, nbytes, rest
 
 
+_STALL_S = 120  # seconds without output after which babeltrace2 counts as stuck
 _PERF_STREAM = re.compile(r"^perf_stream_(\d+)$")
 
 
@@ -927,7 +961,12 @@ def iter_ctf_batches(
             size = 0
             done = False
             while not done:
-                data = q.get()
+                try:
+                    data = q.get(timeout=_STALL_S)
+                except queue.Empty:
+                    raise TraceSynthError(
+                        f"babeltrace2 printed nothing for {_STALL_S} s (stuck on a corrupt trace?)", path
+                    ) from None
                 if data is None:
                     done = True
                 else:
