@@ -9,7 +9,7 @@ Cases run in this process through the real entry point (`tracesynth.cli.main`, f
 are paid once); the first case of each format also runs as a subprocess, the honest check that
 stderr holds no "Traceback". The Markov baseline has no CLI: its load()/sample() API is fuzzed.
 
-TRACESYNTH_FUZZ_CASES (default 6) is the number of cases per format; TRACESYNTH_FUZZ_SEED (default 0)
+TRACESYNTH_FUZZ_CASES (default 20) is the number of cases per format; TRACESYNTH_FUZZ_SEED (default 0)
 changes the mutations. `make fuzz` runs thousands.
 """
 
@@ -37,7 +37,7 @@ from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-CASES = int(os.environ.get("TRACESYNTH_FUZZ_CASES", "6"))
+CASES = int(os.environ.get("TRACESYNTH_FUZZ_CASES", "20"))
 SEED = int(os.environ.get("TRACESYNTH_FUZZ_SEED", "0"))
 CASE_TIMEOUT = 60  # seconds; a case slower than this counts as a hang
 needs_bt2 = pytest.mark.skipif(shutil.which("babeltrace2") is None, reason="babeltrace2 is not installed")

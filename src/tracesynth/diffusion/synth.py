@@ -332,7 +332,12 @@ class TraceSynth:
         self.history = meta.get("history", {})
         self.source = meta.get("source", {})
         if opt_tensors:
-            self._opt_state = optimizer_from_tensors(opt_tensors, meta.get("optimizer", {"param_groups": []}))
+            try:
+                self._opt_state = optimizer_from_tensors(opt_tensors, meta.get("optimizer", {"param_groups": []}))
+            except (TypeError, KeyError, ValueError, IndexError, AttributeError) as exc:
+                raise TraceSynthError(
+                    f"bad optimizer state in config.json ({type(exc).__name__}: {exc})", directory
+                ) from None
         return self
 
 
