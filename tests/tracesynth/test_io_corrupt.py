@@ -152,3 +152,14 @@ def test_info_on_timestamps_spanning_2_pow_63(tmp_path: Path) -> None:
     from tracesynth.stats import syscall_latencies
 
     assert syscall_latencies(wide)[0].tolist() == [2**63]
+
+
+@needs_bt2
+def test_truncated_lttng_metadata_is_one_error_not_a_hang(tmp_path: Path, lttng_wget: Path) -> None:
+    t = _copy(lttng_wget, tmp_path / "t")
+    meta = (t / "metadata").read_bytes()
+    (t / "metadata").write_bytes(meta[:55933])  # cut inside a packet: babeltrace2 2.0 spins on it
+    r = tracesynth("ingest", t, "-o", tmp_path / "o.parquet", timeout=60)
+    assert not r.timed_out and r.code == 1 and "Traceback" not in r.err
+    assert "metadata" in r.err and "cut short" in r.err
+    assert not (tmp_path / "o.parquet").exists()
