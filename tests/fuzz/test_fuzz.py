@@ -2,7 +2,8 @@
 
 Each case damages a copy of a real input (truncation, byte flips, bad UTF-8, huge numbers, CRLF,
 line edits, emptied or deleted files, odd JSON values) and runs the command a user would run on
-it. Every case must end with exit 0 or 1, no traceback, within a time limit, leave no output
+it. Every case must end with exit 0 or 1, no traceback, within a time limit (tools that stop
+printing are given up on after TRACESYNTH_STALL_SECONDS, set low here), leave no output
 behind on failure and no `.*.tmp` temporary at all, and warn where it skipped input it was given.
 
 Cases run in this process through the real entry point (`tracesynth.cli.main`, fast: the imports
@@ -40,6 +41,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CASES = int(os.environ.get("TRACESYNTH_FUZZ_CASES", "20"))
 SEED = int(os.environ.get("TRACESYNTH_FUZZ_SEED", "0"))
 CASE_TIMEOUT = 60  # seconds; a case slower than this counts as a hang
+STALL = 15  # TRACESYNTH_STALL_SECONDS for the readers: well inside CASE_TIMEOUT
 needs_bt2 = pytest.mark.skipif(shutil.which("babeltrace2") is None, reason="babeltrace2 is not installed")
 needs_perf = pytest.mark.skipif(shutil.which("perf") is None, reason="perf is not installed")
 
@@ -203,6 +205,7 @@ def run_in_process(args: list[object], monkeypatch: pytest.MonkeyPatch) -> Outco
     monkeypatch.setenv("TRACESYNTH_SALT", "fuzz")
     err = io.StringIO()
     code, crash = 0, None
+    sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own; give pytest its handler back
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(err):
         warnings.simplefilter("always")
         try:
@@ -212,6 +215,8 @@ def run_in_process(args: list[object], monkeypatch: pytest.MonkeyPatch) -> Outco
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:  # noqa: BLE001 - anything else is the traceback a user would see
             crash = traceback.format_exc()
+        finally:
+            signal.signal(signal.SIGTERM, sigterm)
     return Outcome(code, err.getvalue(), [str(w.message) for w in caught], crash)
 
 
@@ -338,6 +343,8 @@ def test_fuzz(fmt: str, inputs: dict[str, Format], tmp_path: Path, monkeypatch: 
     if fmt not in inputs:
         pytest.skip(f"no {fmt} input here (the shared LTTng trace lives beside the repo)")
     f = inputs[fmt]
+    # babeltrace2 and perf can loop on damaged input: the readers give up after this long without output
+    monkeypatch.setenv("TRACESYNTH_STALL_SECONDS", str(STALL))
     for i in range(CASES):
         rng = random.Random(f"{SEED}:{fmt}:{i}")
         case = tmp_path / f"case{i}"

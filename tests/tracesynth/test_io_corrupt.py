@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -163,3 +164,25 @@ def test_truncated_lttng_metadata_is_one_error_not_a_hang(tmp_path: Path, lttng_
     assert not r.timed_out and r.code == 1 and "Traceback" not in r.err
     assert "metadata" in r.err and "cut short" in r.err
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_stuck_perf_script_is_killed_with_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """perf script can loop forever on a damaged perf.data: the reader gives up and kills it."""
+    import time
+
+    from tracesynth.errors import TraceSynthError
+    from tracesynth.io.perf import read_perf_data
+
+    fake = tmp_path / "bin" / "perf"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'pid'}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("TRACESYNTH_STALL_SECONDS", "2")
+    t0 = time.monotonic()
+    with pytest.raises(TraceSynthError, match="printed nothing for 2 s") as err:
+        read_perf_data(FIXTURES / "perf" / "perf.data")
+    assert time.monotonic() - t0 < 30
+    assert err.value.path == str(FIXTURES / "perf" / "perf.data")
+    pid = int((tmp_path / "pid").read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()

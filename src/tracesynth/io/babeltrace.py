@@ -894,7 +894,17 @@ def _take_lines(chunks: list[bytes], size: int, done: bool) -> tuple[np.ndarray,
     return buf, nbytes, rest
 
 
-_STALL_S = 120  # seconds without output after which babeltrace2 counts as stuck
+def stall_seconds() -> float:
+    """Seconds without output after which a decoding tool (babeltrace2, perf script) counts as stuck.
+
+    Both can loop forever on some corrupt inputs; TRACESYNTH_STALL_SECONDS overrides the default.
+    """
+    try:
+        return max(1.0, float(os.environ.get("TRACESYNTH_STALL_SECONDS", "120")))
+    except ValueError:
+        return 120.0
+
+
 _PERF_STREAM = re.compile(r"^perf_stream_(\d+)$")
 
 
@@ -956,16 +966,17 @@ def iter_ctf_batches(
         stop = threading.Event()
         reader = threading.Thread(target=_drain, args=(proc.stdout, q, 1 << 20, stop), daemon=True)
         reader.start()
+        stall = stall_seconds()
         try:
             pending: list[bytes] = []
             size = 0
             done = False
             while not done:
                 try:
-                    data = q.get(timeout=_STALL_S)
+                    data = q.get(timeout=stall)
                 except queue.Empty:
                     raise TraceSynthError(
-                        f"babeltrace2 printed nothing for {_STALL_S} s (stuck on a corrupt trace?)", path
+                        f"babeltrace2 printed nothing for {stall:g} s (stuck on a corrupt trace?)", path
                     ) from None
                 if data is None:
                     done = True
