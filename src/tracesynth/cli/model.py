@@ -58,11 +58,11 @@ def fit(
     traces = [read_trace(p) for p in data]
     if anonymize:
         from tracesynth.anonymize import anonymize as anonymize_trace
-        from tracesynth.cli.trace_io import _salt
+        from tracesynth.cli.trace_io import salt_or_random
 
         if not salt and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise TraceSynthError("--anonymize under torchrun needs --salt (every process must hash alike)")
-        key = _salt(salt)  # one salt for all traces: the same program gets the same label in each
+        key = salt_or_random(salt)  # one salt for all traces: the same program gets the same label in each
         traces = [anonymize_trace(t, key) for t in traces]
     if resume and output.exists():
         synth = TraceSynth.load(output)

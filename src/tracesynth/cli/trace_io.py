@@ -93,7 +93,8 @@ def export(
     console.print(f"{trace_path} -> {output} ({to}): {_describe(trace)}", soft_wrap=True)
 
 
-def _salt(salt: str | None) -> str:
+def salt_or_random(salt: str | None) -> str:
+    """The given salt, or a random one (said on stderr: its labels match no other run)."""
     if salt:
         return salt
     console.print("no --salt given: using a random one (labels will differ from other runs)", soft_wrap=True)
@@ -119,5 +120,5 @@ def anonymize(
     from tracesynth.anonymize import anonymize as anonymize_trace
 
     trace = _read(trace_path, format)
-    anonymize_trace(trace, _salt(salt), shift_time=shift_time).save(output)
+    anonymize_trace(trace, salt_or_random(salt), shift_time=shift_time).save(output)
     console.print(f"{trace_path} -> {output} (anonymised): {_describe(trace)}", soft_wrap=True)
