@@ -3,7 +3,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup test demo lint bench clean fuzz
 
 setup:
 	@bash scripts/setup.sh
@@ -14,6 +14,9 @@ test: setup
 demo: setup
 	$(BIN)/tracesynth demo
 	$(BIN)/dooly demo
+
+fuzz: setup
+	TRACESYNTH_FUZZ_CASES=2000 $(BIN)/python -m pytest -q tests/fuzz
 
 lint: setup
 	$(BIN)/ruff check src tests bench

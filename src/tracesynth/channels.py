@@ -236,8 +236,33 @@ class ChannelCodec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ChannelCodec:
+        """Read to_json()'s output; a damaged vocab.json is a TraceSynthError, not a later crash."""
+        if not isinstance(data, Mapping):
+            raise TraceSynthError("vocab.json must hold a JSON object")
         d = dict(data)
-        d["channels"] = tuple(d["channels"])
+        d["channels"] = tuple(d.get("channels") or ())
+        if d["channels"] not in (CHANNELS_6, CHANNELS_2):
+            raise TraceSynthError(f"vocab.json: unknown channels {list(d['channels'])!r}")
+
+        def is_int(v: Any) -> bool:  # an int64 (the table's integer type)
+            return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
+
+        checks = {
+            "events": lambda v: isinstance(v, list) and v and all(isinstance(x, str) for x in v),
+            "comms": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+            "cpus": lambda v: isinstance(v, list) and all(is_int(x) and x >= 0 for x in v),
+            "errnos": lambda v: isinstance(v, list) and all(is_int(x) for x in v),
+            "pos_repr": lambda v: isinstance(v, list) and len(v) == N_POS_BINS and all(is_int(x) for x in v),
+            "other_neg_repr": is_int,
+            "max_tids": lambda v: is_int(v) and v >= 1,
+            **dict.fromkeys(
+                ("dt_mean", "dt_std", "dt_max_log"),
+                lambda v: isinstance(v, int | float) and not isinstance(v, bool) and abs(v) < 1e6,
+            ),
+        }
+        for key, ok in checks.items():
+            if key in d and not ok(d[key]):
+                raise TraceSynthError(f"vocab.json: bad {key} ({str(d[key])[:40]})")
         return cls(**d)
 
     def dumps(self) -> str:

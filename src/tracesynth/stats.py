@@ -54,13 +54,13 @@ class WorkloadSummary:
 
 
 def syscall_latencies(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(latency ns, syscall code, syscall names) of every entry->exit pair, matched per thread.
+    """(latency ns as uint64, syscall code, syscall names) of every entry->exit pair, matched per thread.
 
     An exit pairs with the same thread's immediately preceding syscall event when that is the
     entry of the same syscall; unmatched halves (trace edges, calls that never return) are dropped.
     """
     codes, vocab = trace.codes("event")
-    empty = (np.zeros(0, np.int64), np.zeros(0, np.int32), [])
+    empty = (np.zeros(0, np.uint64), np.zeros(0, np.int32), [])
     if len(codes) == 0:
         return empty
     base: dict[str, int] = {}
@@ -83,7 +83,8 @@ def syscall_latencies(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
     k = kind[c]
     s = sys_code[c]
     pair = (th[1:] == th[:-1]) & (th[1:] >= 0) & (k[:-1] == 1) & (k[1:] == 2) & (s[1:] == s[:-1])
-    lat = (t[1:] - t[:-1])[pair]
+    # exit after entry, so the difference is non-negative: exact in uint64 even across a > 2**63 ns span
+    lat = (t[1:].view(np.uint64) - t[:-1].view(np.uint64))[pair]
     return lat, s[1:][pair], list(base)
 
 

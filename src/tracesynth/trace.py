@@ -126,7 +126,7 @@ class Trace:
                 raise TraceSynthError(f"column {c!r} has {t[c].null_count} null value(s)", source)
         ts = self.ts
         if len(ts) > 1:
-            bad = np.flatnonzero(np.diff(ts) < 0)
+            bad = np.flatnonzero(ts[1:] < ts[:-1])  # not np.diff: it overflows on spans beyond 2**63 ns
             if len(bad):
                 raise TraceSynthError(
                     f"timestamps decrease at row {int(bad[0]) + 1} ({int(ts[bad[0]])} -> {int(ts[bad[0] + 1])} ns)",
@@ -174,7 +174,7 @@ class Trace:
         if len(self) == 0:
             return 0
         ts = self.ts
-        return int(ts[-1] - ts[0])
+        return int(ts[-1]) - int(ts[0])  # Python ints: a span may exceed int64
 
     @property
     def n_event_types(self) -> int:
@@ -232,7 +232,7 @@ class Trace:
         try:
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as exc:
-            raise TraceSynthError(f"not a readable Parquet file ({exc})", path) from None
+            raise TraceSynthError(f"not a readable Parquet file ({' '.join(str(exc).split())})", path) from None
         try:
             trace = cls(table, validate=False)
             trace.validate(path)
@@ -241,7 +241,7 @@ class Trace:
                 raise
             raise TraceSynthError(str(exc), path) from None
         except (pa.ArrowException, ValueError) as exc:
-            raise TraceSynthError(f"not a tracesynth trace ({exc})", path) from None
+            raise TraceSynthError(f"not a tracesynth trace ({' '.join(str(exc).split())})", path) from None
         return trace
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from atomicio import atomic_path
@@ -267,20 +268,30 @@ class MarkovChain:
         try:
             meta = json.loads((directory / "config.json").read_text())
             arrays = load_file(str(directory / "tables.safetensors"))
-        except (OSError, ValueError) as exc:
-            raise TraceSynthError(f"not a saved Markov chain ({exc})", directory) from None
-        if meta.get("kind") != "markov":
-            raise TraceSynthError("not a saved Markov chain (config.json kind is not 'markov')", directory)
-        self = cls(int(meta["order"]))
-        self.vocab, self.comms = list(meta["vocab"]), list(meta["comms"])
-        self._base = len(self.vocab) + 1
-        self._unigram, self._p_same, self._threads = arrays["unigram"], arrays["p_same"], arrays["threads"]
-        self._tables = [
-            (arrays[f"t{j}_ctx"], arrays[f"t{j}_next"], arrays[f"t{j}_count"]) for j in range(self.order + 1)
-        ]
-        for name in ("dt_pair", "dt_event", "thread_by_event", "ret"):
-            setattr(self, f"_{name}", (arrays[f"{name}_keys"], arrays[f"{name}_off"], arrays[f"{name}_vals"]))
-        self._dt_any = arrays["dt_any"]
-        self._build_samplers()
+            if not isinstance(meta, dict) or meta.get("kind") != "markov":
+                raise TraceSynthError("not a saved Markov chain (config.json kind is not 'markov')", directory)
+            self = cls(int(meta["order"]))
+            self.vocab, self.comms = list(meta["vocab"]), list(meta["comms"])
+            if not all(isinstance(v, str) for v in self.vocab + self.comms):
+                raise TraceSynthError("not a saved Markov chain (vocab/comms hold non-strings)", directory)
+            self._base = len(self.vocab) + 1
+            self._unigram, self._p_same, self._threads = arrays["unigram"], arrays["p_same"], arrays["threads"]
+            self._tables = [
+                (arrays[f"t{j}_ctx"], arrays[f"t{j}_next"], arrays[f"t{j}_count"]) for j in range(self.order + 1)
+            ]
+            for name in ("dt_pair", "dt_event", "thread_by_event", "ret"):
+                setattr(self, f"_{name}", (arrays[f"{name}_keys"], arrays[f"{name}_off"], arrays[f"{name}_vals"]))
+            self._dt_any = arrays["dt_any"]
+            th = self._threads
+            if th.size and (th.ndim != 2 or th.shape[1] != 3 or th[:, 2].max() >= max(1, len(self.comms))):
+                raise ValueError("threads table does not match comms")
+            if len(self._p_same) != len(self.vocab):
+                raise ValueError("p_same does not match vocab")
+            self._build_samplers()
+        except TraceSynthError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, SafetensorError) as exc:
+            # a damaged config.json or tables file: one line naming the directory
+            raise TraceSynthError(f"not a saved Markov chain ({type(exc).__name__}: {exc})", directory) from None
         self._fitted = True
         return self

@@ -6,6 +6,7 @@ kind; repair is its own step after sampling (tracesynth.constraints.repair_trace
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -40,35 +41,56 @@ def fit(
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
+    anonymize: bool = typer.Option(
+        False,
+        "--anonymize",
+        help="Anonymise each trace before fitting (as `tracesynth anonymize`). Without it the model keeps the "
+        "traces' real command names (vocab.json) and real thread ids (ret values of gettid, clone, ...).",
+    ),
+    salt: str = typer.Option(
+        None,
+        "--salt",
+        envvar="TRACESYNTH_SALT",
+        help="Salt of the comm hashes with --anonymize (default: random; give the same one to --resume, and one "
+        "under torchrun).",
+    ),
 ) -> None:
-    """Train a generator on real traces (the diffusion model: run under `torchrun` for several processes)."""
+    """Train a generator on real traces (the diffusion model: run under `torchrun` for several processes).
+
+    The model holds the traces' real command names and thread ids unless --anonymize is given.
+    """
     from tracesynth.io import read_trace
 
     gen_kind = get_kind(kind)
+    if gen_kind.cls is None:
+        raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
+    if resume and gen_kind.name != "diffusion":
+        raise TraceSynthError(f"--resume continues a diffusion model's training, not a {kind} one")
+    _set_threads(threads)
+    traces = [read_trace(p) for p in data]
+    if anonymize:
+        from tracesynth.anonymize import anonymize as anonymize_trace
+        from tracesynth.cli.trace_io import salt_or_random
+
+        if not salt and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise TraceSynthError("--anonymize under torchrun needs --salt (every process must hash alike)")
+        key = salt_or_random(salt)  # one salt for all traces: the same program gets the same label in each
+        traces = [anonymize_trace(t, key) for t in traces]
     if gen_kind.name != "diffusion":
-        if gen_kind.cls is None:
-            raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
-        if resume:
-            raise TraceSynthError(f"--resume continues a diffusion model's training, not a {kind} one")
-        traces = [read_trace(p) for p in data]
         if gen_kind.name == "masked":
-            _set_threads(threads)
             masked_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
                           "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed}
             gen = make_generator({"kind": "masked", "config": masked_cfg}).fit(traces)
+            what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
         else:
             gen = make_generator({"kind": kind, "order": order}).fit(traces)
+            what = f"{gen.n_params:,} table entries"
         gen.save(output)
-        n = sum(len(t) for t in traces)
-        what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights" if kind == "masked" else (
-            f"{gen.n_params:,} table entries")
-        console.print(f"{output}: {gen.name} fitted on {n:,} events, {what}")
+        console.print(f"{output}: {gen.name} fitted on {sum(len(t) for t in traces):,} events, {what}")
         return
     from tracesynth.diffusion import TraceSynth, TraceSynthConfig
     from tracesynth.diffusion.synth import is_main_process
 
-    _set_threads(threads)
-    traces = [read_trace(p) for p in data]
     if resume and output.exists():
         synth = TraceSynth.load(output)
         if synth.step >= steps:

@@ -93,6 +93,14 @@ def export(
     console.print(f"{trace_path} -> {output} ({to}): {_describe(trace)}", soft_wrap=True)
 
 
+def salt_or_random(salt: str | None) -> str:
+    """The given salt, or a random one (said on stderr: its labels match no other run)."""
+    if salt:
+        return salt
+    console.print("no --salt given: using a random one (labels will differ from other runs)", soft_wrap=True)
+    return secrets.token_hex(16)
+
+
 @app.command()
 def anonymize(
     trace_path: Path = typer.Argument(..., help="Trace to anonymise (Parquet, or any readable format)."),
@@ -101,13 +109,16 @@ def anonymize(
         None, "--salt", envvar="TRACESYNTH_SALT", help="Secret salt for comm hashes (same salt = same labels)."
     ),
     format: str = typer.Option(None, "--format", help="Force the input format (default: detect)."),
+    shift_time: bool = typer.Option(
+        False,
+        "--shift-time",
+        help="Also shift timestamps so the trace starts at 0 (and drop the clock offset): hides when it was "
+        "recorded; intervals between events are unchanged.",
+    ),
 ) -> None:
-    """Hash command names, relabel thread ids and drop paths/hosts from metadata, for sharing."""
+    """Hash command names, relabel thread ids (and the ids syscalls return) and drop paths/hosts from metadata."""
     from tracesynth.anonymize import anonymize as anonymize_trace
 
     trace = _read(trace_path, format)
-    if not salt:
-        salt = secrets.token_hex(16)
-        console.print("no --salt given: using a random one (labels will differ from other runs)", soft_wrap=True)
-    anonymize_trace(trace, salt).save(output)
+    anonymize_trace(trace, salt_or_random(salt), shift_time=shift_time).save(output)
     console.print(f"{trace_path} -> {output} (anonymised): {_describe(trace)}", soft_wrap=True)

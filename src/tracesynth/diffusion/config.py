@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tracesynth.channels import channels_for
 from tracesynth.errors import TraceSynthError
+
+# field -> (type, lowest value or None); checked on every config, so a damaged config.json is one clear error
+_RANGES: dict[str, tuple[type, float | None]] = {
+    **dict.fromkeys(("context", "timesteps"), (int, 2)),
+    **dict.fromkeys(
+        ("stride", "channels", "max_tids", "patch", "d_model", "n_layers", "n_heads", "event_dim", "channel_dim"),
+        (int, 1),
+    ),
+    **dict.fromkeys(("batch_size", "checkpoint_every", "sampling_steps", "sample_batch"), (int, 1)),
+    **dict.fromkeys(("steps", "warmup", "seed"), (int, 0)),
+    **dict.fromkeys(("val_fraction", "dropout", "aux_weight", "time_limit", "grad_clip"), (float, 0)),
+    **dict.fromkeys(("lr", "clamp_temperature"), (float, 1e-12)),
+    **dict.fromkeys(("schedule", "prediction", "device", "sampler", "clamp"), (str, None)),
+    "calibrate": (bool, None),
+}
+_OPTIONAL = {"stride", "patch"}
+_MAX_TIMESTEPS = 1_000_000
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
 @dataclass
@@ -59,6 +78,7 @@ class TraceSynthConfig:
     sample_batch: int = 16  # windows denoised together
 
     def __post_init__(self) -> None:
+        self._check_types()
         channels_for(self.channels)
         if self.context < 2:
             raise TraceSynthError(f"context must be at least 2 events, got {self.context}")
@@ -72,6 +92,30 @@ class TraceSynthConfig:
             raise TraceSynthError(f"unknown clamp {self.clamp!r} (soft, hard or none)")
         if self.sampler not in ("ddim", "ancestral"):
             raise TraceSynthError(f"unknown sampler {self.sampler!r} (ddim or ancestral)")
+
+    def _check_types(self) -> None:
+        """Every field has its type and a usable range (a config.json may have been edited or damaged)."""
+        for name, (kind, low) in _RANGES.items():
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL:
+                continue
+            if kind is int:
+                good = isinstance(v, int) and not isinstance(v, bool)
+            elif kind is float:
+                good = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            else:
+                good = isinstance(v, kind)
+            if not good:
+                raise TraceSynthError(f"{name} must be {_KIND_NAMES[kind]}, got {v!r}")
+            if low is not None and v < low:
+                raise TraceSynthError(f"{name} must be at least {low}, got {v!r}")
+        if self.timesteps > _MAX_TIMESTEPS:  # the schedule holds a few tensors of this length
+            raise TraceSynthError(f"timesteps must be at most {_MAX_TIMESTEPS:,}, got {self.timesteps!r}")
+        for name in ("val_fraction", "dropout"):
+            if getattr(self, name) >= 1:
+                raise TraceSynthError(f"{name} must be below 1, got {getattr(self, name)!r}")
+        if self.schedule not in ("linear", "cosine"):
+            raise TraceSynthError(f"unknown schedule {self.schedule!r} (linear or cosine)")
 
     @property
     def channel_names(self) -> tuple[str, ...]:
@@ -93,5 +137,7 @@ class TraceSynthConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TraceSynthConfig:
+        if not isinstance(data, dict):
+            raise TraceSynthError(f"the model config must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})

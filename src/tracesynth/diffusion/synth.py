@@ -295,18 +295,36 @@ class TraceSynth:
             raise TraceSynthError(f"not a tracesynth model: missing {', '.join(missing)}", directory)
         try:
             meta = json.loads((directory / "config.json").read_text())
-            if meta.get("format") != FORMAT:
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise TraceSynthError(f"config.json is not a {FORMAT} model", directory)
             cfg = TraceSynthConfig.from_json(meta["config"])
+            step = meta.get("step", 0)
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise TraceSynthError(f"step must be a non-negative integer, got {step!r}")
+            for key in ("history", "source"):
+                if not isinstance(meta.get(key, {}), dict):
+                    raise TraceSynthError(f"{key} must be a JSON object")
             codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
             state = load_file(str(directory / "model.safetensors"))
             opt_tensors = load_file(str(directory / "optimizer.safetensors"))
+            # compare shapes on the meta device first: a damaged size in config.json or vocab.json must
+            # not allocate a huge model before it is found not to match the weights
+            with torch.device("meta"):
+                want = {k: tuple(v.shape) for k, v in TraceDenoiser(cfg, codec.vocab_sizes).state_dict().items()}
         except TraceSynthError as exc:
             if exc.path:
                 raise
             raise TraceSynthError(f"bad config.json ({exc})", directory) from None
-        except (ValueError, KeyError, TypeError, OSError, SafetensorError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, SafetensorError, RuntimeError) as exc:
             raise TraceSynthError(f"unreadable model ({type(exc).__name__}: {exc})", directory) from None
+        got = {k: tuple(v.shape) for k, v in state.items()}
+        if got != want:
+            diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+            raise TraceSynthError(
+                f"weights do not match the config ({len(diff)} tensor(s) differ, e.g. {diff[0]}: "
+                f"{got.get(diff[0])} in the weights, {want.get(diff[0])} from the config)",
+                directory,
+            )
         self = cls(cfg)
         self.codec = codec
         self.model = TraceDenoiser(cfg, codec.vocab_sizes)
@@ -318,11 +336,16 @@ class TraceSynth:
                 f"weights do not match the config ({first[-1].strip() if first else exc})", directory
             ) from None
         self.model.eval()
-        self.step = int(meta.get("step", 0))
+        self.step = step
         self.history = meta.get("history", {})
         self.source = meta.get("source", {})
         if opt_tensors:
-            self._opt_state = optimizer_from_tensors(opt_tensors, meta.get("optimizer", {"param_groups": []}))
+            try:
+                self._opt_state = optimizer_from_tensors(opt_tensors, meta.get("optimizer", {"param_groups": []}))
+            except (TypeError, KeyError, ValueError, IndexError, AttributeError) as exc:
+                raise TraceSynthError(
+                    f"bad optimizer state in config.json ({type(exc).__name__}: {exc})", directory
+                ) from None
         return self
 
 

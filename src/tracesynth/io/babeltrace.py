@@ -58,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -172,11 +173,14 @@ def _root_cause(stderr: str) -> str:
     return (useful or msgs)[-1].rstrip(".:")
 
 
-def run_babeltrace2(args: Sequence[str], path: str | Path, timeout: float | None = 120) -> str:
+def run_babeltrace2(args: Sequence[str], path: str | Path, timeout: float = 30) -> str:
     """Run babeltrace2 to completion and return stdout (small outputs only: metadata, queries)."""
-    proc = subprocess.run(
-        [babeltrace2_binary(), *args], capture_output=True, text=True, errors="replace", timeout=timeout
-    )
+    try:
+        proc = subprocess.run(
+            [babeltrace2_binary(), *args], capture_output=True, text=True, errors="replace", timeout=timeout
+        )
+    except subprocess.TimeoutExpired:  # babeltrace2 2.0 can loop on some damaged metadata
+        raise TraceSynthError(f"babeltrace2 did not finish within {timeout:g} s (corrupt trace?)", path) from None
     if proc.returncode != 0:
         raise TraceSynthError(
             f"babeltrace2 cannot read this trace (truncated or corrupt?): {_root_cause(proc.stderr)}", path
@@ -201,8 +205,38 @@ def _tsdl_value(raw: str) -> Any:
         return raw
 
 
+_META_MAGIC = 0x75D11D57
+_META_HEADER = 37  # bytes: magic, uuid[16], checksum, content_size, packet_size, 5 one-byte fields
+
+
+def check_packetized_metadata(path: Path) -> None:
+    """TraceSynthError if a packetized metadata file ends inside a packet (a truncated copy).
+
+    babeltrace2 may spin forever on such a file instead of failing, so it is checked first.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceSynthError(f"cannot read ({exc.strerror})", path) from None
+    order = {_META_MAGIC.to_bytes(4, "little"): "little", _META_MAGIC.to_bytes(4, "big"): "big"}.get(data[:4])
+    if order is None:
+        return  # TSDL text (or not metadata at all: babeltrace2 says so)
+    off = 0
+    while off < len(data):
+        head = data[off : off + _META_HEADER]
+        if len(head) < _META_HEADER or head[:4] != data[:4]:
+            raise TraceSynthError(f"metadata packet at byte {off} is damaged or cut short", path)
+        content_bits = int.from_bytes(head[24:28], order)
+        size = int.from_bytes(head[28:32], order) // 8
+        if size < _META_HEADER or content_bits > size * 8 or off + size > len(data):
+            raise TraceSynthError(f"metadata packet at byte {off} is damaged or cut short (truncated copy?)", path)
+        off += size
+
+
 def ctf_metadata(path: str | Path) -> dict[str, Any]:
     """Environment, clocks and trace UUID of one CTF trace directory (via `-o ctf-metadata`)."""
+    if (Path(path) / "metadata").is_file():
+        check_packetized_metadata(Path(path) / "metadata")
     text = run_babeltrace2(["-o", "ctf-metadata", str(path)], path)
     env: dict[str, Any] = {}
     for block in _ENV_BLOCK.findall(text):
@@ -495,6 +529,36 @@ class _Block:
         return self._backslashes
 
 
+def _valid_utf8(block: bytes | np.ndarray, nbytes: int, source: str | Path | None) -> bytes | np.ndarray:
+    """`block` itself when its text is valid UTF-8; else a copy with the bad bytes replaced, and a warning.
+
+    A flipped byte in a CTF string field (a comm, a filename) reaches us as raw bytes; keeping the
+    event with U+FFFD in that string loses less than refusing the whole trace.
+    """
+    raw = block if isinstance(block, bytes) else memoryview(block)[: nbytes if nbytes >= 0 else len(block)]
+    whole = pa.StringArray.from_buffers(1, pa.py_buffer(np.array([0, len(raw)], dtype=np.int32)), pa.py_buffer(raw))
+    try:
+        whole.validate(full=True)
+        return block
+    except pa.ArrowInvalid:
+        pass
+    lines = bytes(raw).split(b"\n")
+    bad = 0
+    for i, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            lines[i] = line.decode("utf-8", "replace").encode("utf-8")
+            bad += 1
+    where = f"{source}: " if source else ""
+    warnings.warn(
+        f"{where}{bad} event(s) hold invalid UTF-8 in a string field (corrupt trace?); "
+        "kept with the bad bytes replaced by U+FFFD",
+        stacklevel=3,
+    )
+    return b"\n".join(lines)
+
+
 def parse_pretty_block(
     block: bytes | np.ndarray, fields: Sequence[Field] = (), source: str | Path | None = None, nbytes: int = -1
 ) -> pa.RecordBatch:
@@ -507,6 +571,7 @@ def parse_pretty_block(
     the fast path cannot decode (hex or enum integers, escaped strings, odd scopes) go through
     the regex parser, so the result always equals parse_pretty_lines_regex's.
     """
+    block = _valid_utf8(block, nbytes, source)
     b = _Block.from_buffer(block, nbytes) if isinstance(block, np.ndarray) else _Block.from_bytes(block)
     n, buf, starts = b.n, b.buf, b.starts
     if n == 0:
@@ -829,6 +894,48 @@ def _take_lines(chunks: list[bytes], size: int, done: bool) -> tuple[np.ndarray,
     return buf, nbytes, rest
 
 
+def stall_seconds() -> float:
+    """Seconds without output after which a decoding tool (babeltrace2, perf script) counts as stuck.
+
+    Both can loop forever on some corrupt inputs; TRACESYNTH_STALL_SECONDS overrides the default.
+    """
+    try:
+        return max(1.0, float(os.environ.get("TRACESYNTH_STALL_SECONDS", "120")))
+    except ValueError:
+        return 120.0
+
+
+_PERF_STREAM = re.compile(r"^perf_stream_(\d+)$")
+
+
+def stream_warnings(path: str | Path) -> list[str]:
+    """Stream files of the CTF trace(s) under `path` that babeltrace2 would skip without a word.
+
+    babeltrace2 reads whatever stream files it finds: a 0-byte one, or one deleted from the
+    directory, just leaves that CPU out. We name them: empty files; LTTng streams listed in
+    `index/` (one `NAME.idx` per stream) whose data file is gone; gaps in perf's per-CPU
+    `perf_stream_N` numbering (a deleted file, or a CPU that recorded nothing).
+    """
+    path = Path(path)
+    out = []
+    metas = [path / "metadata"] if (path / "metadata").is_file() else sorted(path.rglob("metadata"))
+    for meta in metas:
+        d = meta.parent
+        files = {p.name: p for p in d.iterdir() if p.is_file() and p.name != "metadata" and not p.name.startswith(".")}
+        empty = sorted(n for n, p in files.items() if p.stat().st_size == 0)
+        if empty:
+            out.append(f"{d}: empty stream file(s) {', '.join(empty)} (no events read from them)")
+        index = d / "index"
+        listed = {p.name[: -len(".idx")] for p in index.glob("*.idx")} if index.is_dir() else set()
+        gone = sorted(listed - set(files))
+        nums = sorted(int(m.group(1)) for n in files if (m := _PERF_STREAM.match(n)))
+        if nums:
+            gone += [f"perf_stream_{i}" for i in sorted(set(range(nums[-1] + 1)) - set(nums))]
+        if gone:
+            out.append(f"{d}: stream file(s) {', '.join(gone)} missing (deleted?); the trace lacks their events")
+    return out
+
+
 def iter_ctf_batches(
     path: str | Path,
     fields: Sequence[Field] = (),
@@ -847,6 +954,8 @@ def iter_ctf_batches(
     path = Path(path)
     if not path.exists():
         raise TraceSynthError("no such file or directory", path)
+    for msg in stream_warnings(path):
+        warnings.warn(msg, stacklevel=3)
     on_progress = on_progress or progress_callback.get()
     if batch_bytes >= 1 << 31:
         raise ValueError("batch_bytes must stay below 2 GiB (int32 string offsets)")
@@ -857,12 +966,18 @@ def iter_ctf_batches(
         stop = threading.Event()
         reader = threading.Thread(target=_drain, args=(proc.stdout, q, 1 << 20, stop), daemon=True)
         reader.start()
+        stall = stall_seconds()
         try:
             pending: list[bytes] = []
             size = 0
             done = False
             while not done:
-                data = q.get()
+                try:
+                    data = q.get(timeout=stall)
+                except queue.Empty:
+                    raise TraceSynthError(
+                        f"babeltrace2 printed nothing for {stall:g} s (stuck on a corrupt trace?)", path
+                    ) from None
                 if data is None:
                     done = True
                 else:

@@ -231,8 +231,8 @@ def read_lttng(path: str | Path) -> Trace:
         ts = batch["ts"].to_numpy()
         # babeltrace2 merges streams in time order; check it here, block by block, instead of on the
         # whole table at the end (whose diff would double the peak memory)
-        step = np.diff(ts, prepend=parts["ts"][-1][-1] if parts["ts"] else ts[0])
-        if (step < 0).any():
+        before = np.concatenate([[parts["ts"][-1][-1] if parts["ts"] else ts[0]], ts[:-1]])
+        if (ts < before).any():  # compared, not subtracted: a difference may overflow int64
             raise TraceSynthError("timestamps go backwards in babeltrace2's output (corrupt trace?)", path)
         parts["ts"].append(ts)
         parts["event"].append(events.codes(event))

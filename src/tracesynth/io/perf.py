@@ -23,6 +23,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+import threading
+import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -36,6 +39,7 @@ import pyarrow.compute as pc
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tracesynth.errors import TraceSynthError
+from tracesynth.io.babeltrace import stall_seconds
 from tracesynth.io.syscalls import lookup_numbers
 from tracesynth.trace import SCHEMA, Trace
 
@@ -240,6 +244,7 @@ def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
     starts[0] = _LPAD
     starts[1:] = nl[:-1] + 1
     ends = nl.astype(np.int64)
+    ends -= buf[ends - 1] == ord("\r")  # CRLF text (a file from Windows): the '\r' is not part of the line
     # Drop blank lines and comment/header lines before locating fields.
     first = _skip_spaces(buf, starts, 64)
     keep = (first < ends) & (buf[first] != ord("#"))
@@ -365,7 +370,7 @@ def _assemble(blocks: list[_Block], events: _Vocab, comms: _Vocab, metadata: dic
 
     ts = cat("ts", np.int64)
     order = None
-    if len(ts) > 1 and (np.diff(ts) < 0).any():
+    if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # compared, not subtracted (no int64 overflow)
         order = np.argsort(ts, kind="stable")  # perf sorts by time; tolerate text that was not
     cols = {
         "ts": ts,
@@ -461,22 +466,74 @@ def read_perf_data(path: str | Path, metadata: dict[str, Any] | None = None) -> 
         raise TraceSynthError("no such file", path)
     cmd = perf_script_command(path)
     env = dict(os.environ, LC_ALL="C")
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    stall = stall_seconds()
+    # stderr to a file: perf may print many warnings about a damaged file, and a full stderr pipe
+    # would block it while we wait on stdout
+    with tempfile.TemporaryFile() as errf:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, stdin=subprocess.DEVNULL, env=env)
+        assert proc.stdout is not None
+        watched = _Watchdog(proc, stall)
         try:
-            trace = parse_perf_script_stream(proc.stdout, path, {"source": path.name, "source_format": "perf-data"})
-        except TraceSynthError:
-            err = proc.stderr.read().decode(errors="replace")
+            try:
+                trace = parse_perf_script_stream(watched, path, {"source": path.name, "source_format": "perf-data"})
+            except TraceSynthError:
+                if watched.stalled:
+                    raise TraceSynthError(
+                        f"perf script printed nothing for {stall:g} s (corrupt file?)", path
+                    ) from None
+                proc.wait()
+                errf.seek(0)
+                detail = _perf_error_line(errf.read().decode(errors="replace"))
+                if proc.returncode and detail:
+                    raise TraceSynthError(f"perf script failed: {detail}", path) from None
+                raise
+            if proc.wait() != 0 or watched.stalled:
+                if watched.stalled:
+                    raise TraceSynthError(f"perf script printed nothing for {stall:g} s (corrupt file?)", path)
+                errf.seek(0)
+                detail = _perf_error_line(errf.read().decode(errors="replace"))
+                raise TraceSynthError(f"perf script failed: {detail or proc.returncode}", path)
+        finally:  # on any way out (an error, Ctrl-C) perf must not be left running
+            watched.stop()
+            if proc.poll() is None:
+                proc.kill()
             proc.wait()
-            detail = _perf_error_line(err)
-            if proc.returncode and detail:
-                raise TraceSynthError(f"perf script failed: {detail}", path) from None
-            raise
-        err = proc.stderr.read().decode(errors="replace")
-        if proc.wait() != 0:
-            raise TraceSynthError(f"perf script failed: {_perf_error_line(err) or proc.returncode}", path)
+            proc.stdout.close()
     trace.metadata.update(metadata or {})
     return trace
+
+
+class _Watchdog:
+    """perf's stdout, read as a stream; perf is killed when it prints nothing for `stall` seconds."""
+
+    def __init__(self, proc: subprocess.Popen, stall: float) -> None:
+        self.proc, self.stall = proc, stall
+        self.last = time.monotonic()
+        self.stalled = False
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def read(self, n: int) -> bytes:
+        """Up to n bytes (fewer only at the end), noting every time perf delivers some."""
+        parts, got = [], 0
+        while got < n:
+            data = self.proc.stdout.read1(n - got)
+            if not data:
+                break
+            self.last = time.monotonic()
+            parts.append(data)
+            got += len(data)
+        return b"".join(parts)
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(1.0, self.stall / 4)):
+            if time.monotonic() - self.last > self.stall:
+                self.stalled = True
+                self.proc.kill()  # its stdout then ends, and the reader sees end of file
+                return
+
+    def stop(self) -> None:
+        self._done.set()
 
 
 def _perf_error_line(stderr: str) -> str:

@@ -11,6 +11,11 @@ the pid column (``[pid N]`` or ``N`` prefix; lines without one belong to the fir
 ``comm`` is known from a successful ``execve`` on, inherited by children created by
 clone/fork/vfork, and null before that. Rows are sorted by time.
 
+Lines that are not strace events are skipped with one warning. So are lines whose timestamp, pid,
+return value or duration does not fit the table's int64 columns (a corrupt or edited file): one
+warning names their line numbers and the rest of the trace is kept. Fraction digits beyond the
+9th (below a nanosecond) are dropped.
+
 Line structure is matched by vectorised pyarrow regex kernels over the whole file; Python only
 walks the few execve/clone lines that carry names.
 """
@@ -59,101 +64,186 @@ def _syscall_event_name(name: str) -> str:
     return ENTRY_POINT_NAMES.get(name, name)
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 def read_strace(path: str | Path) -> Trace:
     """Read `strace -f -ttt -T` output (see the module docstring for the mapping)."""
     path = Path(path)
+    lines, lineno, m = _event_lines(path)
+    res = pc.extract_regex(lines, _RESULT)
+    ts, ok = _timestamps(m)
+    ret_s, err_s = _field(res, "ret"), _field(res, "err")
+    ret, ok_ret = _return_values(ret_s, err_s)
+    dur, ok_dur = _durations(_field(res, "dur"), ts)
+    tid, ok_tid = _ints_or_bad(pc.coalesce(_field(m, "p1"), _field(m, "p2")))
+    bad = ~(ok & ok_ret & ok_dur & ok_tid)
+    if bad.any():
+        shown = ", ".join(str(x) for x in lineno[bad][:5]) + (" ..." if bad.sum() > 5 else "")
+        warnings.warn(
+            f"{path}: skipped {int(bad.sum())} line(s) whose timestamp, pid, return value or duration "
+            f"does not fit in 64 bits (line {shown})",
+            stacklevel=2,
+        )
+        keep = pa.array(~bad)
+        lines, m, res, ret_s, err_s = (a.filter(keep) for a in (lines, m, res, ret_s, err_s))
+        ts, ret, dur, tid = ts[~bad], ret[~bad], dur[~bad], tid[~bad]
+        if len(m) == 0:
+            raise TraceSynthError("no strace events left after skipping the lines that do not fit in 64 bits", path)
+    calls = _call_kinds(m, lines, res, ret_s, err_s)
+    entry_ts, entry_row = _pair_resumed(ts, tid, calls["unfinished"], calls["resumed"])
+    exit_ts = np.where(dur >= 0, entry_ts + np.maximum(dur, 0), ts)
+    names = _field(m, "name").to_pylist()
+    has_pid = tid >= 0
+    if not has_pid.all():
+        tid[~has_pid] = _first_process(tid, names, calls["returns"], ret)
+    table = _events_table(names, calls, ts, entry_ts, exit_ts, entry_row, tid, ret, lines)
+    return Trace(table, {"source_format": "strace", "source": path.name, "clock": "CLOCK_REALTIME (strace -ttt)"})
+
+
+def _event_lines(path: Path) -> tuple[pa.Array, np.ndarray, pa.StructArray]:
+    """(lines, their 1-based line numbers, regex captures) of the lines that are strace events."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceSynthError(f"cannot read ({exc.strerror})", path) from None
-    text = pa.array(data.decode("utf-8", errors="replace").splitlines(), pa.string())
-    text = text.filter(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0))
+    # split on "\n" only (str.splitlines also splits on \x0b, \x1c, ... and would shift line numbers)
+    text = pc.utf8_rtrim(pa.array(data.decode("utf-8", errors="replace").split("\n"), pa.string()), characters="\r")
+    lineno = np.arange(1, len(text) + 1)
+    nonblank = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
+    text, lineno = text.filter(nonblank), lineno[nonblank.to_numpy(zero_copy_only=False)]
     m = pc.extract_regex(text, _LINE)
     ok = m.is_valid()
     n_bad = len(m) - pc.sum(ok.cast(pa.int64())).as_py() if len(m) else 0
-    lines, m = text.filter(ok), m.filter(ok)
-    if len(m) == 0:
+    if n_bad == len(m):
         raise TraceSynthError(
             f"no strace events found ({n_bad} unparseable line(s); expected `strace -f -ttt -T` output)", path
         )
     if n_bad:
-        warnings.warn(f"{path}: skipped {n_bad} line(s) that are not strace -f -ttt -T events", stacklevel=2)
+        warnings.warn(f"{path}: skipped {n_bad} line(s) that are not strace -f -ttt -T events", stacklevel=3)
+    return text.filter(ok), lineno[ok.to_numpy(zero_copy_only=False)], m.filter(ok)
 
-    n = len(m)
-    pid = pc.coalesce(_field(m, "p1"), _field(m, "p2"))
-    has_pid = pid.is_valid().to_numpy(zero_copy_only=False)
-    tid = pc.cast(pid, pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False).copy()
-    frac = m.field("f")
+
+def _ints_or_bad(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal strings -> (int64 values, fits); null -> (-1, True); beyond int64 -> (0, False)."""
+    n = len(strings)
+    vals = np.full(n, -1, dtype=np.int64)
+    ok = np.ones(n, dtype=bool)
+    short = pc.less_equal(pc.utf8_length(strings), 18).fill_null(False).to_numpy(zero_copy_only=False)
+    if short.any():
+        vals[short] = pc.cast(strings.filter(pa.array(short)), pa.int64()).to_numpy(zero_copy_only=False)
+    longs = ~short & strings.is_valid().to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(longs):  # 19+ digits: rare, checked exactly
+        v = int(strings[int(i)].as_py())
+        ok[i] = -_INT64_MAX - 1 <= v <= _INT64_MAX
+        vals[i] = v if ok[i] else 0
+    return vals, ok
+
+
+def _timestamps(m: pa.StructArray) -> tuple[np.ndarray, np.ndarray]:
+    """ns timestamps from "secs.frac" (digits past the 9th are dropped) and whether they fit in int64."""
+    sec, ok = _ints_or_bad(m.field("s"))
+    frac = pc.utf8_slice_codeunits(m.field("f"), 0, 9)
     flen = pc.utf8_length(frac).to_numpy(zero_copy_only=False)
-    ts = pc.cast(m.field("s"), pa.int64()).to_numpy(zero_copy_only=False) * 1_000_000_000
-    ts = ts + pc.cast(frac, pa.int64()).to_numpy(zero_copy_only=False) * 10 ** np.clip(9 - flen, 0, 9)
+    frac_ns = pc.cast(frac, pa.int64()).to_numpy(zero_copy_only=False) * 10 ** (9 - flen)
+    ok &= (sec >= 0) & (sec <= (_INT64_MAX - frac_ns) // 1_000_000_000)
+    return np.where(ok, sec, 0) * 1_000_000_000 + frac_ns, ok
 
-    name = _field(m, "name")
-    is_call = name.is_valid().to_numpy(zero_copy_only=False)
-    resumed = pc.equal(m.field("res"), "<... ").to_numpy(zero_copy_only=False) & is_call
-    unfinished = (
-        pc.or_(pc.ends_with(lines, "<unfinished ...>"), pc.ends_with(lines, "<detached ...>")).to_numpy(
-            zero_copy_only=False
-        )
-        & is_call
-    )
-    is_sig = m.field("sig").is_valid().to_numpy(zero_copy_only=False) & ~pc.equal(m.field("sig"), "").to_numpy(
-        zero_copy_only=False
-    )
-    is_exit = ~pc.equal(m.field("exit"), "").to_numpy(zero_copy_only=False)
 
-    res = pc.extract_regex(lines, _RESULT)
-    finished = res.is_valid().to_numpy(zero_copy_only=False) & is_call & ~unfinished
-    ret_s = _field(res, "ret")
-    dur_s = _field(res, "dur")
-    err_s = _field(res, "err")
-    dur_ns = pc.round(pc.multiply(pc.cast(dur_s, pa.float64()), 1e9)).cast(pa.int64())
-    dur = dur_ns.fill_null(-1).to_numpy(zero_copy_only=False)
-    returns = finished & ~pc.equal(ret_s, "?").fill_null(True).to_numpy(zero_copy_only=False)
-    returns |= finished & err_s.is_valid().to_numpy(zero_copy_only=False)  # "= ? ERESTARTNOHAND"
-
-    # return values: decimal, hex, and "-1 ENAME" -> -errno (what the kernel returned)
+def _return_values(ret_s: pa.Array, err_s: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Return values (decimal, hex, "-1 ENAME" -> -errno, as the kernel returned them) and whether they fit."""
+    n = len(ret_s)
     ret = np.zeros(n, dtype=np.int64)
-    dec = pc.match_substring_regex(ret_s, r"^-?\d+$").fill_null(False).to_numpy(zero_copy_only=False)
-    ret[dec] = pc.cast(ret_s.filter(pa.array(dec)), pa.int64()).to_numpy(zero_copy_only=False)
+    ok = np.ones(n, dtype=bool)
+    dec = pc.match_substring_regex(ret_s, r"^-?\d+$").fill_null(False)
+    dec_np = dec.to_numpy(zero_copy_only=False)
+    ret[dec_np], ok[dec_np] = _ints_or_bad(ret_s.filter(dec))
     hexes = pc.starts_with(ret_s, "0x").fill_null(False).to_numpy(zero_copy_only=False)
-    if hexes.any():
-        ret[hexes] = [
-            int(h, 16) - (1 << 64 if int(h, 16) >= 1 << 63 else 0) for h in ret_s.filter(pa.array(hexes)).to_pylist()
-        ]
+    for i, h in zip(np.flatnonzero(hexes), ret_s.filter(pa.array(hexes)).to_pylist(), strict=True):
+        v = int(h, 16)
+        ok[i] = v < 1 << 64  # a register value: above 2**63 it is a negative int64
+        ret[i] = v - (1 << 64 if v >= 1 << 63 else 0) if ok[i] else 0
     errs = err_s.to_pylist()
-    has_err = err_s.is_valid().to_numpy(zero_copy_only=False)
-    for i in np.flatnonzero(has_err):
+    for i in np.flatnonzero(err_s.is_valid().to_numpy(zero_copy_only=False)):
         code = _errno_value(errs[i])
-        ret[i] = -code if code is not None else ret[i]
+        if code is not None:
+            ret[i], ok[i] = -code, True
+    return ret, ok
 
-    # pair each "<... x resumed>" with its "<unfinished ...>" entry on the same thread
+
+def _durations(dur_s: pa.Array, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """strace's <secs> as ns (-1 where absent) and whether call time + duration still fits in int64."""
+    f = pc.multiply(pc.cast(dur_s, pa.float64()), 1e9).fill_null(-1.0).to_numpy(zero_copy_only=False)
+    ok = np.isfinite(f) & (f < 2.0**62)
+    dur = np.where(ok, np.round(f), -1).astype(np.int64)
+    ok &= dur <= _INT64_MAX - ts
+    return np.where(ok, dur, -1), ok
+
+
+def _call_kinds(
+    m: pa.StructArray, lines: pa.Array, res: pa.StructArray, ret_s: pa.Array, err_s: pa.Array
+) -> dict[str, np.ndarray]:
+    """Per line: is_call, resumed ("<... x resumed>"), unfinished, is_sig, is_exit, returns (has an exit event)."""
+
+    def np_(a: pa.Array) -> np.ndarray:
+        return a.to_numpy(zero_copy_only=False)
+
+    is_call = np_(_field(m, "name").is_valid())
+    unfinished = np_(pc.or_(pc.ends_with(lines, "<unfinished ...>"), pc.ends_with(lines, "<detached ...>")))
+    finished = np_(res.is_valid()) & is_call & ~unfinished
+    returns = finished & ~np_(pc.equal(ret_s, "?").fill_null(True))
+    returns |= finished & np_(err_s.is_valid())  # "= ? ERESTARTNOHAND"
+    return {
+        "is_call": is_call,
+        "resumed": np_(pc.equal(m.field("res"), "<... ")) & is_call,
+        "unfinished": unfinished & is_call,
+        "is_sig": np_(m.field("sig").is_valid()) & ~np_(pc.equal(m.field("sig"), "")),
+        "is_exit": ~np_(pc.equal(m.field("exit"), "")),
+        "returns": returns,
+    }
+
+
+def _pair_resumed(
+    ts: np.ndarray, tid: np.ndarray, unfinished: np.ndarray, resumed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(entry time, entry line) per line: a "<... x resumed>" line takes its thread's "<unfinished ...>"."""
     entry_ts = ts.copy()
-    entry_row = np.arange(n)
+    entry_row = np.arange(len(ts))
     split = np.flatnonzero(unfinished | resumed)
     if len(split):
         order = split[np.lexsort((split, tid[split]))]
-        prev_ok = np.zeros(len(order), dtype=bool)
-        prev_ok[1:] = (tid[order[1:]] == tid[order[:-1]]) & unfinished[order[:-1]] & resumed[order[1:]]
-        entry_ts[order[1:][prev_ok[1:]]] = ts[order[:-1][prev_ok[1:]]]
-        entry_row[order[1:][prev_ok[1:]]] = order[:-1][prev_ok[1:]]
-    exit_ts = np.where(dur >= 0, entry_ts + np.maximum(dur, 0), ts)
+        pairs = (tid[order[1:]] == tid[order[:-1]]) & unfinished[order[:-1]] & resumed[order[1:]]
+        entry_ts[order[1:][pairs]] = ts[order[:-1][pairs]]
+        entry_row[order[1:][pairs]] = order[:-1][pairs]
+    return entry_ts, entry_row
 
-    # unprefixed lines belong to the first process: the one pid never returned by a clone
-    names = name.to_pylist()
-    rets_list = ret.tolist()
-    clone_rows = [i for i in np.flatnonzero(returns & is_call) if names[i] in _CLONES and rets_list[i] > 0]
-    if not has_pid.all():
-        children = {rets_list[i] for i in clone_rows}
-        roots = [p for p in pc.unique(pid.drop_null()).to_pylist() if int(p) not in children]
-        tid[~has_pid] = int(roots[0]) if roots else -1
 
-    # events: entries (plain calls and unfinished halves), exits, signals, process exits
+def _first_process(tid: np.ndarray, names: list[str | None], returns: np.ndarray, ret: np.ndarray) -> int:
+    """The tid of unprefixed lines: the first process, the one pid never returned by a clone (-1 if none)."""
+    children = {int(ret[i]) for i in np.flatnonzero(returns) if names[i] in _CLONES and ret[i] > 0}
+    known = tid[tid >= 0]
+    _, first = np.unique(known, return_index=True)
+    roots = [int(p) for p in known[np.sort(first)] if int(p) not in children]  # in order of appearance
+    return roots[0] if roots else -1
+
+
+def _events_table(
+    names: list[str | None],
+    calls: dict[str, np.ndarray],
+    ts: np.ndarray,
+    entry_ts: np.ndarray,
+    exit_ts: np.ndarray,
+    entry_row: np.ndarray,
+    tid: np.ndarray,
+    ret: np.ndarray,
+    lines: pa.Array,
+) -> pa.Table:
+    """The Trace table: entries (plain calls and unfinished halves), exits, signals, process exits, by time."""
     base = [_syscall_event_name(x) if x else "" for x in names]
-    entry_rows = np.flatnonzero(is_call & ~resumed)
-    exit_rows = np.flatnonzero(returns)
-    sig_rows = np.flatnonzero(is_sig)
-    pexit_rows = np.flatnonzero(is_exit)
+    entry_rows = np.flatnonzero(calls["is_call"] & ~calls["resumed"])
+    exit_rows = np.flatnonzero(calls["returns"])
+    sig_rows = np.flatnonzero(calls["is_sig"])
+    pexit_rows = np.flatnonzero(calls["is_exit"])
     ev_names = (
         ["syscall_entry_" + base[i] for i in entry_rows]
         + ["syscall_exit_" + base[i] for i in exit_rows]
@@ -168,9 +258,9 @@ def read_strace(path: str | Path) -> Trace:
     has_ret = np.zeros(len(out_ts), dtype=bool)
     has_ret[len(entry_rows) : len(entry_rows) + len(exit_rows)] = True
     # comm: set by successful execve (at its exit), inherited by clone children (at the clone's exit)
-    out_comm = _comms(names, lines, entry_row, returns, rets_list, tid, exit_ts, out_ts, out_tid)
+    out_comm = _comms(names, lines, entry_row, calls["returns"], ret.tolist(), tid, exit_ts, out_ts, out_tid)
     order = np.argsort(out_ts, kind="stable")
-    table = pa.table(
+    return pa.table(
         [
             pa.array(out_ts[order], pa.int64()),
             pc.dictionary_encode(pa.array(ev_names, pa.string()).take(pa.array(order))),
@@ -181,7 +271,6 @@ def read_strace(path: str | Path) -> Trace:
         ],
         schema=SCHEMA,
     )
-    return Trace(table, {"source_format": "strace", "source": path.name, "clock": "CLOCK_REALTIME (strace -ttt)"})
 
 
 def _comms(
