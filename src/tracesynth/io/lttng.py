@@ -39,6 +39,7 @@ from tracesynth.io.babeltrace import Field, ctf_metadata, iter_ctf_batches
 from tracesynth.io.ctf_writer import NULL_COMM
 from tracesynth.io.lttng_legacy import LEGACY_SYSCALL_EXITS, normalise_legacy_syscalls
 from tracesynth.trace import SCHEMA, Trace
+from tracesynth.vocab import Vocab
 
 SYSCALL_EXITS = ("syscall_exit_*", "compat_syscall_exit_*", *LEGACY_SYSCALL_EXITS)
 STATEDUMP_PROCESS = "lttng_statedump_process_state"
@@ -63,31 +64,6 @@ def _merged_metadata(dirs: list[Path]) -> dict[str, Any]:
         "tracesynth": all(i["env"].get("tracesynth") == 1 for i in infos),
         "ret_events": {n for i in infos for n, fs in i["event_fields"].items() if "ret" in fs},
     }
-
-
-class _Vocab:
-    """A growing string vocabulary: batch dictionaries map onto stable global codes."""
-
-    def __init__(self, nulls: frozenset[str] = frozenset()) -> None:
-        self.index: dict[str, int] = {}
-        self.values: list[str] = []
-        self.nulls = nulls  # strings that mean "unknown"
-
-    def codes(self, arr: pa.Array) -> np.ndarray:
-        """int32 global codes of a dictionary/string array; null and the `nulls` strings -> -1."""
-        arr = arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
-        local = np.array([self._code(v) for v in arr.dictionary.to_pylist()] + [-1], dtype=np.int32)
-        idx = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        return local[idx]
-
-    def _code(self, v: str | None) -> int:
-        if v is None or v in self.nulls:
-            return -1
-        code = self.index.get(v)
-        if code is None:
-            code = self.index[v] = len(self.values)
-            self.values.append(v)
-        return code
 
 
 def _ints(col: pa.Array, null: int = -1) -> np.ndarray:
@@ -193,8 +169,8 @@ def read_lttng(path: str | Path) -> Trace:
         ]
 
     # tracesynth writes unknown comms as NULL_COMM; an empty procname means unknown everywhere
-    comms = _Vocab(frozenset({"", NULL_COMM}) if ours else frozenset({""}))
-    events = _Vocab()
+    comms = Vocab(nulls={"", NULL_COMM} if ours else {""})
+    events = Vocab()
     state = _SchedState()
     # compact numpy columns per block (~33 bytes an event); -1 marks nulls in cpu/tid/comm
     parts: dict[str, list[Any]] = {k: [] for k in ("ts", "event", "cpu", "tid", "comm", "ret", "has_ret")}
@@ -208,20 +184,20 @@ def read_lttng(path: str | Path) -> Trace:
         if "sched_switch" in names:
             is_switch = event.indices.to_numpy(zero_copy_only=False) == names.index("sched_switch")
         cpu = _ints(batch["cpu"])
-        prev = (_ints(batch["prev_tid"]), comms.codes(batch["prev_comm"]))
-        nxt = (_ints(batch["next_tid"]), comms.codes(batch["next_comm"]))
+        prev = (_ints(batch["prev_tid"]), comms.grow(batch["prev_comm"]))
+        nxt = (_ints(batch["next_tid"]), comms.grow(batch["next_comm"]))
         if has_ctx_tid:
             tid = _ints(batch["ctx_tid"])
             tid[tid < 0] = -1
         if has_ctx_comm:
-            comm = comms.codes(batch["ctx_comm"])
+            comm = comms.grow(batch["ctx_comm"])
         if not (has_ctx_tid and has_ctx_comm):
             d_tid, d_comm = state.derive(cpu, is_switch, prev, nxt)
             if not has_ctx_tid:
                 tid = d_tid
             if not has_ctx_comm:
                 if has_ctx_tid:
-                    state.learn_names(_ints(batch["sd_tid"]), comms.codes(batch["sd_name"]))
+                    state.learn_names(_ints(batch["sd_tid"]), comms.grow(batch["sd_name"]))
                     state.learn_names(prev[0][is_switch], prev[1][is_switch])
                     state.learn_names(nxt[0][is_switch], nxt[1][is_switch])
                     comm = state.lookup_names(tid)
@@ -235,7 +211,7 @@ def read_lttng(path: str | Path) -> Trace:
         if (ts < before).any():  # compared, not subtracted: a difference may overflow int64
             raise TraceSynthError("timestamps go backwards in babeltrace2's output (corrupt trace?)", path)
         parts["ts"].append(ts)
-        parts["event"].append(events.codes(event))
+        parts["event"].append(events.grow(event))
         parts["cpu"].append(cpu.astype(np.int32))
         parts["tid"].append(tid)
         parts["comm"].append(comm)
@@ -250,7 +226,7 @@ def read_lttng(path: str | Path) -> Trace:
         parts[name] = []
         return arr
 
-    def dict_column(codes: np.ndarray, vocab: _Vocab) -> pa.DictionaryArray:
+    def dict_column(codes: np.ndarray, vocab: Vocab) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(
             pa.array(codes, type=pa.int32(), mask=codes < 0), pa.array(vocab.values, type=pa.string())
         )

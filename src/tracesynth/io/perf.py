@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -42,6 +42,7 @@ from tracesynth.errors import TraceSynthError
 from tracesynth.io.babeltrace import stall_seconds
 from tracesynth.io.syscalls import lookup_numbers
 from tracesynth.trace import SCHEMA, Trace
+from tracesynth.vocab import Vocab
 
 BLOCK_BYTES = 16 << 20
 PARSE_THREADS = 2  # blocks parsed concurrently (the machine this targets has 2 cores)
@@ -86,24 +87,6 @@ def canonical_event(raw: str) -> str:
 
 # Subsystems lttng-modules names differently from perf.
 _LTTNG_SUBSYSTEM = {"exceptions": "x86_exceptions"}
-
-
-class _Vocab:
-    """A growing string -> code map shared by all blocks of one read."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.codes: dict[str, int] = {}
-
-    def code(self, name: str) -> int:
-        c = self.codes.get(name)
-        if c is None:
-            c = self.codes[name] = len(self.names)
-            self.names.append(name)
-        return c
-
-    def map(self, names: Iterable[str]) -> np.ndarray:
-        return np.array([self.code(n) for n in names], dtype=np.int32)
 
 
 # -- vectorised byte helpers ------------------------------------------------------------------------
@@ -334,15 +317,15 @@ def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
     return cols, skipped
 
 
-def _finish_block(cols: dict[str, Any], events: _Vocab, comms: _Vocab) -> _Block:
+def _finish_block(cols: dict[str, Any], events: Vocab, comms: Vocab) -> _Block:
     """Map a parsed block's local codes onto the reader's vocabularies (in block order)."""
-    event = events.map(canonical_event(r) for r in cols["raw_names"])[cols["raw_codes"]]
+    event = events.add_all(canonical_event(r) for r in cols["raw_names"])[cols["raw_codes"]]
     for d, prefix in ((1, "syscall_entry_"), (2, "syscall_exit_")):
         rows = np.flatnonzero(cols["sys_dir"] == d)
         if len(rows):
             codes, names = lookup_numbers(cols["sys_nr"][rows])
-            event[rows] = events.map(prefix + nm for nm in names)[codes]
-    comm = comms.map(cols["comm_names"])[cols["comm_codes"]]
+            event[rows] = events.add_all(prefix + nm for nm in names)[codes]
+    comm = comms.add_all(cols["comm_names"])[cols["comm_codes"]]
     return _Block(cols["ts"], event, cols["cpu"], cols["tid"], comm, cols["ret"], cols["has_ret"])
 
 
@@ -364,7 +347,7 @@ def _iter_blocks(stream: IO[bytes], block_bytes: int = BLOCK_BYTES) -> Iterator[
         yield rest + b"\n"
 
 
-def _assemble(blocks: list[_Block], events: _Vocab, comms: _Vocab, metadata: dict[str, Any]) -> Trace:
+def _assemble(blocks: list[_Block], events: Vocab, comms: Vocab, metadata: dict[str, Any]) -> Trace:
     def cat(name: str, dtype: Any) -> np.ndarray:
         return np.concatenate([getattr(b, name) for b in blocks]) if blocks else np.zeros(0, dtype=dtype)
 
@@ -387,10 +370,10 @@ def _assemble(blocks: list[_Block], events: _Vocab, comms: _Vocab, metadata: dic
     table = pa.table(
         [
             pa.array(cols["ts"], pa.int64()),
-            pa.DictionaryArray.from_arrays(pa.array(cols["event"], pa.int32()), pa.array(events.names, pa.string())),
+            pa.DictionaryArray.from_arrays(pa.array(cols["event"], pa.int32()), pa.array(events.values, pa.string())),
             pa.array(cols["cpu"], pa.int32()),
             pa.array(cols["tid"], pa.int64()),
-            pa.DictionaryArray.from_arrays(pa.array(cols["comm"], pa.int32()), pa.array(comms.names, pa.string())),
+            pa.DictionaryArray.from_arrays(pa.array(cols["comm"], pa.int32()), pa.array(comms.values, pa.string())),
             pa.array(cols["ret"], pa.int64(), mask=~has_ret),
         ],
         schema=SCHEMA,
@@ -406,7 +389,7 @@ def parse_perf_script_stream(
     Blocks are parsed on a small thread pool (numpy releases the GIL), at most `workers + 1` in
     flight, and folded into the table in file order.
     """
-    events, comms = _Vocab(), _Vocab()
+    events, comms = Vocab(), Vocab()
     blocks: list[_Block] = []
     skipped = 0
     workers = max(1, min(PARSE_THREADS, os.cpu_count() or 1))
@@ -559,7 +542,7 @@ def _ctf_fields() -> list:
 
 
 def _comm_from_sideband(
-    ts: np.ndarray, tid: np.ndarray, sb: list[tuple[int, str, int, int, str | None]], comms: _Vocab
+    ts: np.ndarray, tid: np.ndarray, sb: list[tuple[int, str, int, int, str | None]], comms: Vocab
 ) -> np.ndarray:
     """Per-sample comm codes (-1: unknown) from perf's COMM/FORK side-band events, as perf's thread map does.
 
@@ -571,7 +554,7 @@ def _comm_from_sideband(
     history: dict[int, tuple[list[int], list[int]]] = {}
     for t, kind, child, parent, name in sb:  # time order
         if kind == "perf_comm":
-            code = comms.code(name or "")
+            code = comms.add(name or "")
         else:
             code = current.get(parent, -1)
         current[child] = code
@@ -606,7 +589,7 @@ def read_perf_ctf(path: str | Path) -> Trace:
     from tracesynth.io.babeltrace import iter_ctf_batches
 
     path = Path(path)
-    events, comms = _Vocab(), _Vocab()
+    events, comms = Vocab(), Vocab()
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "event", "cpu", "tid", "ret", "has_ret")}
     sideband: list[tuple[int, str, int, int, str | None]] = []
     for batch in iter_ctf_batches(path, _ctf_fields()):
@@ -629,14 +612,14 @@ def read_perf_ctf(path: str | Path) -> Trace:
         if len(rows) == 0:
             continue
         codes = codes[rows]
-        event = events.map(canonical_event(n) for n in names)[codes]
+        event = events.add_all(canonical_event(n) for n in names)[codes]
         nr = batch["nr"].fill_null(-1).to_numpy(zero_copy_only=False)[rows]
         for k, raw in enumerate(names):
             if raw in ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit"):
                 sel = np.flatnonzero(codes == k)
                 sc, sn = lookup_numbers(nr[sel])
                 prefix = "syscall_entry_" if raw.endswith("enter") else "syscall_exit_"
-                event[sel] = events.map(prefix + n for n in sn)[sc]
+                event[sel] = events.add_all(prefix + n for n in sn)[sc]
         ret = batch["ret"].take(pa.array(rows))
         cols["ts"].append(ts[rows])
         cols["event"].append(event)
@@ -656,12 +639,12 @@ def read_perf_ctf(path: str | Path) -> Trace:
         [
             pa.array(ts, pa.int64()),
             pa.DictionaryArray.from_arrays(
-                pa.array(np.concatenate(cols["event"]), pa.int32()), pa.array(events.names, pa.string())
+                pa.array(np.concatenate(cols["event"]), pa.int32()), pa.array(events.values, pa.string())
             ),
             pa.array(cpu, pa.int32(), mask=cpu < 0),
             pa.array(tid, pa.int64(), mask=tid < 0),
             pa.DictionaryArray.from_arrays(
-                pa.array(comm, pa.int32(), mask=comm < 0), pa.array(comms.names, pa.string())
+                pa.array(comm, pa.int32(), mask=comm < 0), pa.array(comms.values, pa.string())
             ),
             pa.array(np.concatenate(cols["ret"]), pa.int64(), mask=~np.concatenate(cols["has_ret"])),
         ],
