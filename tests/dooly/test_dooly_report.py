@@ -48,7 +48,14 @@ def test_savings_counts_each_model_once_in_profiling_order(db):
     assert sv.saved_pct == pytest.approx(100 * (1 - 7 / 9))
     with ProfileStore(db) as store:  # one model alone saves nothing, to the last digit
         one = savings_of([ModelSignatures("b", {"s3": 1, "s2": 1, "s1": 1})], store, ctx)
+        # a plan over signatures already in the DB says what this run will not measure again
+        two = savings_of([ModelSignatures("a", {"s1": 1, "s2": 1}), ModelSignatures("b", {"s2": 1, "s3": 1})],
+                         store, ctx, known={"s1", "s2"})  # fmt: skip
     assert one.saved_pct == 0.0 and one.describe().startswith("1 model: 7.0 device-s")
+    assert "already in the DB" not in one.describe()
+    assert two.in_db_s == pytest.approx(3.0) and two.with_reuse_s == pytest.approx(7.0)
+    assert [(r.reused_db, r.new) for r in two.models] == [(2, 0), (0, 1)]
+    assert two.describe().endswith("3.0 device-s of it already in the DB, so this run measures 4.0")
 
 
 def test_report_is_self_contained(db, tmp_path):

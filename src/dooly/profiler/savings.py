@@ -45,6 +45,7 @@ class Savings:
     with_reuse_s: float
     without_reuse_s: float
     measured_share: float  # share of the signature costs that are measured (the rest estimated from the grid)
+    in_db_s: float = 0.0  # of with_reuse_s: signatures already complete in the DB, which this run does not measure
 
     @property
     def saved_pct(self) -> float:
@@ -55,10 +56,14 @@ class Savings:
         est = ""
         if self.measured_share < 0.999:
             est = f" ({100 * (1 - self.measured_share):.0f}% of signatures estimated)"
+        in_db = ""
+        if self.in_db_s > 0:
+            in_db = f"; {self.in_db_s:.1f} device-s of it already in the DB, so this run measures " \
+                    f"{self.with_reuse_s - self.in_db_s:.1f}"  # fmt: skip
         return (
             f"{len(self.models)} model{'' if len(self.models) == 1 else 's'}: "
             f"{self.with_reuse_s:.1f} device-s with cross-model reuse vs "
-            f"{self.without_reuse_s:.1f} device-s each model alone: {self.saved_pct:.1f}% saved{est}"
+            f"{self.without_reuse_s:.1f} device-s each model alone: {self.saved_pct:.1f}% saved{est}{in_db}"
         )
 
 
@@ -66,7 +71,8 @@ def savings_of(
     models: Sequence[ModelSignatures], store: ProfileStore, ctx: ProfileContext, known: Collection[str] = ()
 ) -> Savings:
     """Profiling cost of ``models`` in this order with cross-model reuse vs each alone (``known``: signatures
-    complete in the DB before the run, reported per model but priced like the rest)."""
+    complete in the DB before the run: priced like the rest, so the figure does not depend on what an earlier
+    run measured, and reported per model and as ``in_db_s``, what this run does not measure again)."""
     measured = store.signature_costs(ctx)
     n_pts = sum(len(store.done_points(ctx, k)) for k in measured)
     point_cost = sum(measured.values()) / n_pts if n_pts else 0.05
@@ -92,7 +98,9 @@ def savings_of(
         seen |= keys
     with_reuse = sum(r.marginal_s for r in rows)
     without = sum(r.alone_s for r in rows)
-    return Savings(rows, with_reuse, without, n_meas / n_all if n_all else 1.0)
+    points = {k: n for m in models for k, n in m.points.items()}
+    in_db = sum(cost(k, points[k]) for k in seen & set(known))
+    return Savings(rows, with_reuse, without, n_meas / n_all if n_all else 1.0, in_db)
 
 
 def _signatures(plan: Plan) -> list[ModelSignatures]:
