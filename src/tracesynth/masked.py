@@ -107,6 +107,10 @@ class Denoiser(nn.Module):
         self.body = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d)
         self.heads = nn.ModuleDict({f"c_{c}": nn.Linear(d, v) for c, v in vocab.items()})
+        # small embeddings (as GPT-2): with nn.Embedding's N(0, 1) the six summed channel embeddings drown
+        # the positions, and a bidirectional model that cannot see positions cannot learn event order
+        for e in self.embed.values():
+            nn.init.normal_(e.weight, std=0.02)
 
     def forward(self, tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         x = sum(self.embed[f"c_{c}"](tokens[c]) for c in self.vocab)
