@@ -83,7 +83,7 @@ def bench_trace(name: str, trace, args) -> list[dict]:
         _, rep = repair_trace(raw, rules, seed=0)
         mem = memorisation(raw, train, 128)
         f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
-        steps = getattr(gen, "history", {}).get("steps") if isinstance(getattr(gen, "history", None), dict) else None
+        steps = gen.fit_info.get("train_steps")
         rows.append({
             "trace": name, "generator": gname, "fit_s": fit_s, "steps": steps,
             "sample_ev_s": len(raw) / max(sample_s, 1e-9),

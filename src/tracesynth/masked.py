@@ -17,7 +17,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -358,7 +358,7 @@ class MaskedDiffusion:
         gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
         windows = dict(flat)
         windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std
-        codec = ChannelCodec.from_json({**self.codec.to_json(), "dt_max_log": 64.0})  # gaps are real already
+        codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
         return codec.decode(windows, metadata={"generator": self.name, "seed": seed})
 
     # -- storage ------------------------------------------------------------------------------

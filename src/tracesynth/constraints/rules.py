@@ -314,17 +314,24 @@ def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str])
     )
 
 
-def _compile_graph(section: dict[str, Any], index: dict[str, int], V: int) -> tuple[np.ndarray, ...]:
-    allowed = np.zeros((V, V), dtype=bool)
-    weight = np.zeros((V, V), dtype=np.float64)
-    enforced = np.zeros(V, dtype=bool)
-    for prev, e in section.items():
-        p = index[prev]
-        enforced[p] = bool(e.get("enforced", False))
-        for nxt, cnt in e["next"].items():
-            allowed[p, index[nxt]] = True
-            weight[p, index[nxt]] = cnt
+def _compile_counts(
+    section: dict[str, Any], rows: dict[str, int], cols: dict[str, int], key: str, shape: tuple[int, int]
+) -> tuple[np.ndarray, ...]:
+    """A section of counted entries {row: {"enforced": .., key: {col: count}}} as (allowed, enforced, weight)."""
+    allowed = np.zeros(shape, dtype=bool)
+    weight = np.zeros(shape, dtype=np.float64)
+    enforced = np.zeros(shape[0], dtype=bool)
+    for name, e in section.items():
+        r = rows[name]
+        enforced[r] = bool(e.get("enforced", False))
+        for col, cnt in e[key].items():
+            allowed[r, cols[col]] = True
+            weight[r, cols[col]] = cnt
     return allowed, enforced, weight
+
+
+def _compile_graph(section: dict[str, Any], index: dict[str, int], V: int) -> tuple[np.ndarray, ...]:
+    return _compile_counts(section, index, index, "next", (V, V))
 
 
 def _compile_dt(section: dict[str, Any], index: dict[str, int], V: int) -> dict[str, np.ndarray]:
@@ -377,15 +384,7 @@ def _compile_ret(section: dict[str, Any], index: dict[str, int], V: int) -> dict
 def _compile_comm(
     section: dict[str, Any], index: dict[str, int], cindex: dict[str, int], V: int, C: int
 ) -> dict[str, np.ndarray]:
-    allowed = np.zeros((V, C), dtype=bool)
-    weight = np.zeros((V, C))
-    enforced = np.zeros(V, dtype=bool)
-    for name, e in section.items():
-        i = index[name]
-        enforced[i] = bool(e.get("enforced", False))
-        for c, cnt in e["counts"].items():
-            allowed[i, cindex[c]] = True
-            weight[i, cindex[c]] = cnt
+    allowed, enforced, weight = _compile_counts(section, index, cindex, "counts", (V, C))
     return {"comm_allowed": allowed, "comm_enforced": enforced, "comm_weight": weight}
 
 
