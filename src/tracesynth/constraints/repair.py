@@ -54,6 +54,7 @@ from tracesynth.trace import SCHEMA, Trace
 
 _COLS = ("ev", "cpu", "tid", "comm", "ret", "has_ret", "ts", "origin", "dt_changed")
 _CHUNK = 4096
+_WALK_PASSES = 8  # per round, of the one-CPU walk (see _fix_cpus)
 
 
 @dataclass
@@ -311,6 +312,9 @@ def _insert_missing(s: _State, fixes: Counter[str], rng: np.random.Generator) ->
         t_after = np.where((s.tid[i] >= 0)[:, None], (~c.t_enforced[None, :]) | c.t_allowed[:, e].T, True)
         ok = g_before & t_before & g_after & t_after
         ok[:, c.n_known :] = False
+        # an inserted syscall event on a thread would break the pairing the pairing fix just built
+        # (and that fix would insert again: the two would grow the trace round after round)
+        ok &= np.where((s.tid[i] >= 0)[:, None], ~(c.is_entry | c.is_exit)[None, :], True)
         w = (
             ok
             * (np.where(has_t[:, None], c.t_weight[tp], c.g_weight[gp]) + 1e-9)
@@ -359,7 +363,8 @@ def _fix_values(s: _State, fixes: Counter[str], rng: np.random.Generator) -> Non
             s.comm[i] = _sample_rows(w, rng)
 
 
-def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
+def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator, insert: bool = True) -> None:
+    """insert=False (the fallback): only relabel cpu / tid / comm, so the trace never grows."""
     c = s.c
     a = s.arrays()
     ft, fc = DETECTORS["cpu.tid"](a), DETECTORS["cpu.comm"](a)
@@ -383,10 +388,11 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
     # the outgoing thread, one inserted sched_switch on the old CPU ends its stay there (one edit);
     # otherwise it moves back there, walking along its events until the old segment ends
     f1 = DETECTORS["sched.one_cpu"](s.arrays())
-    if len(f1.idx) and c.sched_convention == "prev" and c.switch_code >= 0:
+    if insert and len(f1.idx) and c.sched_convention == "prev" and c.switch_code >= 0:
         fixes["sched.one_cpu"] += len(f1.idx)
         _insert_switches(s, f1.idx, f1.idx, rng, cpu=f1.expected)
-    for _ in range(256):
+    # (a bounded walk: what is left goes to the next round; the fallback drops such events instead)
+    for _ in range(_WALK_PASSES if insert else 0):
         f1 = DETECTORS["sched.one_cpu"](s.arrays())
         if not len(f1.idx):
             break
@@ -396,7 +402,7 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
     fs = DETECTORS["sched.consistency"](a)
     if len(fs.idx):
         fixes["sched.consistency"] += len(fs.idx)
-        split_at, split_from, retag = _cheaper_splits(a, fs)
+        split_at, split_from, retag = _cheaper_splits(a, fs) if insert else (None, None, np.ones(len(fs.idx), bool))
         fs = Found(fs.rule, fs.idx[retag], fs.found[retag], fs.expected[retag])
         s.tid[fs.idx] = fs.expected
         # the thread's command: the one its other events carry
@@ -406,7 +412,7 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator) -> None:
         pos = np.minimum(np.searchsorted(u, fs.expected), max(0, len(u) - 1))
         hit = (len(u) > 0) & (u[pos] == fs.expected) if len(u) else np.zeros(len(fs.idx), bool)
         s.comm[fs.idx[hit]] = comm_of[pos[hit]]
-        if len(split_at):
+        if split_at is not None and len(split_at):
             _insert_switches(s, split_at, split_from, rng)
 
 
@@ -512,7 +518,7 @@ def repair_trace(
             dropped += len(bad)
             s.edit(np.zeros(0, np.int64), {}, bad)
             _fix_values(s, fixes, rng)
-            _fix_cpus(s, fixes, rng)
+            _fix_cpus(s, fixes, rng, insert=False)
         _fix_time(s, fixes)
         remaining = _violations(s)
     out = _to_trace(s, trace)
@@ -543,9 +549,9 @@ def _fallback_victims(s: _State) -> np.ndarray:
     return np.unique(np.concatenate(parts + [np.zeros(0, np.int64)]))
 
 
+# rules whose violators are not simply dropped (a gap the time fix could not clamp into its
+# bounds is: its bounds do not intersect, so the event goes)
 _DROP_SPECIAL = (
-    "dt.event",
-    "dt.transition",
     "time.monotonic",
     "syscall.pairing",
     "transition.global",
