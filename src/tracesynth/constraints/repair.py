@@ -34,6 +34,7 @@ each time, so repair always terminates with zero violations.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ from tracesynth.constraints.check import (
     TraceArrays,
     detect_all,
     dt_bounds,
+    thread_current_until,
     tid_rule_rows,
 )
 from tracesynth.constraints.rules import Compiled, Rules, sample_ret
@@ -70,6 +72,9 @@ class RepairReport:
     deleted: int
     modified: int
     dropped_in_fallback: int = 0
+    # events changed by each fix (the same count as `changed`, split by the step that made it; a
+    # later step undoing an earlier one's edit counts negative there)
+    edits: dict[str, int] = field(default_factory=dict)
     violations_before: int = 0
     violations_after: int = 0
     notes: list[str] = field(default_factory=list)
@@ -105,6 +110,7 @@ class RepairReport:
             "fraction_changed": self.fraction_changed,
             "edit_rate": self.edit_rate,
             "dropped_in_fallback": self.dropped_in_fallback,
+            "edits": dict(self.edits),
             "violations_before": self.violations_before,
             "violations_after": self.violations_after,
         }
@@ -164,6 +170,8 @@ def _fix_pairing(s: _State, fixes: Counter[str], rng: np.random.Generator, inser
     if not len(f.idx):
         return
     c = s.c
+    if _hand_over_orphans(s, f):
+        f = DETECTORS["syscall.pairing"](s.arrays())
     kind = f.extra["kind"]
     wrong_exit = (kind == 0) & c.is_exit[f.found]
     reentry = (kind == 0) & ~c.is_exit[f.found]
@@ -194,6 +202,62 @@ def _fix_pairing(s: _State, fixes: Counter[str], rng: np.random.Generator, inser
     rows["ret"], rows["has_ret"] = _sample_ret_for(c, rows["ev"], rng)
     s.edit(at, rows, f.idx[orphan])
     fixes["syscall.pairing"] += len(f.idx)
+
+
+def _hand_over_orphans(s: _State, f: Found, look_back: int = 8) -> int:
+    """An exit with no open entry on its thread, while another thread has that very call open (a
+    sample that switched threads in the middle of a call), is that thread's exit: it takes the
+    thread (tid, command and the CPU the thread is current on). One edit closes the open call and
+    removes the orphan, where dropping it and closing the other call would be two. Only a thread
+    whose call stays open past the exit (its next syscall event is not an exit) and that is still
+    current on its CPU there qualifies; among those the latest entry (up to look_back back) wins,
+    and each open call takes one exit (a thread switched out in the call is left out: giving it
+    the exit would break the schedule of the exit's CPU, and the CPU fix would give it back).
+    Returns the number of exits handed over."""
+    orphan = f.idx[f.extra["kind"] == 1]
+    if not len(orphan):
+        return 0
+    c = s.c
+    a = s.arrays()
+    idx, prev = a.syscall_prev
+    nxt = np.full(s.n, s.n, dtype=np.int64)  # each syscall event's thread's next syscall event
+    has = prev >= 0
+    nxt[prev[has]] = idx[has]
+    entries = idx[c.is_entry[s.ev[idx]]]
+    closes = nxt[entries]
+    stays_open = (closes > 0) & ~c.is_exit[s.ev[np.minimum(closes, s.n - 1)]] | (closes == s.n)
+    entries = entries[stays_open]
+    # entries grouped by call, in time order inside each call
+    key_e = c.call_of[s.ev[entries]] * (s.n + 1) + entries
+    srt = np.argsort(key_e)
+    key_e, entries = key_e[srt], entries[srt]
+    # each thread's events in time order, to find a thread's last event before a given index
+    with_tid = np.flatnonzero(s.tid >= 0)
+    tid_codes, tid_of = np.unique(s.tid[with_tid], return_inverse=True)
+    key_t = np.sort(tid_of * (s.n + 1) + with_tid)
+    until = thread_current_until(a)
+    call = c.call_of[s.ev[orphan]]
+    pos = np.searchsorted(key_e, call * (s.n + 1) + orphan)  # first entry of the call at/after the orphan
+    pick = np.full(len(orphan), -1, dtype=np.int64)
+    last = np.full(len(orphan), -1, dtype=np.int64)
+    for back in range(1, look_back + 1):
+        p = pos - back
+        ok = (pick < 0) & (p >= 0)
+        j = entries[np.maximum(p, 0)]
+        ok &= (key_e[np.maximum(p, 0)] // (s.n + 1) == call) & (nxt[j] > orphan) & (s.tid[j] != s.tid[orphan])
+        # the entry's thread is current on the CPU of its last event before the orphan
+        t = np.searchsorted(tid_codes, s.tid[j])
+        q = np.searchsorted(key_t, np.minimum(t, len(tid_codes) - 1) * (s.n + 1) + orphan) - 1
+        lj = key_t[np.maximum(q, 0)] % (s.n + 1)
+        ok &= (q >= 0) & (s.tid[lj] == s.tid[j]) & (s.cpu[lj] >= 0) & (until[lj] > orphan)
+        pick[ok], last[ok] = j[ok], lj[ok]
+    found = pick >= 0
+    # one exit per open call (the earliest orphan takes it)
+    _, first = np.unique(pick[found], return_index=True)
+    take = np.flatnonzero(found)[first]
+    i, j, lj = orphan[take], pick[take], last[take]
+    s.tid[i], s.comm[i], s.cpu[i] = s.tid[j], s.comm[j], s.cpu[lj]
+    return len(i)
 
 
 def _sample_ret_for(c: Compiled, ev: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -497,32 +561,43 @@ def repair_trace(
     before = sum(len(f.idx) for f in detect_all(a0).values())
     s = _State(a0)
     fixes: Counter[str] = Counter()
+    edits: Counter[str] = Counter()
+    done = [0]  # events changed so far
+
+    def step(name: str, fix: Callable[[], None]) -> None:
+        fix()
+        now = _changed(a0, s)
+        edits[name] += now - done[0]
+        done[0] = now
+
     rounds = 0
     remaining = before
     while remaining and rounds < max_rounds:
         rounds += 1
-        _fix_cpus(s, fixes, rng)
-        _fix_pairing(s, fixes, rng)
-        _insert_missing(s, fixes, rng)
-        _fix_transitions(s, fixes, rng)
-        _fix_values(s, fixes, rng)
-        _fix_time(s, fixes)
+        step("cpus", lambda: _fix_cpus(s, fixes, rng))
+        step("pairing", lambda: _fix_pairing(s, fixes, rng))
+        step("insert_missing", lambda: _insert_missing(s, fixes, rng))
+        step("transitions", lambda: _fix_transitions(s, fixes, rng))
+        step("values", lambda: _fix_values(s, fixes, rng))
+        step("time", lambda: _fix_time(s, fixes))
         remaining = _violations(s)
     dropped = 0
     while remaining:
-        # last resort: drop what still violates, then let one repair round mend the seams; the
-        # trace shrinks every time, so this ends
+        # last resort: drop what still violates, then mend the seams with fixes that only relabel
+        # or clamp; the trace shrinks every time, so this ends
         rounds += 1
         bad = _fallback_victims(s)
-        if len(bad):
-            dropped += len(bad)
-            s.edit(np.zeros(0, np.int64), {}, bad)
-            _fix_values(s, fixes, rng)
-            _fix_cpus(s, fixes, rng, insert=False)
-        _fix_time(s, fixes)
+        if not len(bad):  # a guard: every rule names victims, so this should not happen
+            bad = np.unique(np.concatenate([f.idx for f in detect_all(s.arrays()).values()]))
+        dropped += len(bad)
+        step("fallback", lambda bad=bad: s.edit(np.zeros(0, np.int64), {}, bad))
+        step("values", lambda: _fix_values(s, fixes, rng))
+        step("cpus", lambda: _fix_cpus(s, fixes, rng, insert=False))
+        step("time", lambda: _fix_time(s, fixes))
         remaining = _violations(s)
     out = _to_trace(s, trace)
     report = _report(a0, s, fixes, rounds, dropped, before)
+    report.edits = {k: v for k, v in edits.items() if v}
     return out, report
 
 
@@ -580,10 +655,19 @@ def _to_trace(s: _State, like: Trace) -> Trace:
     return Trace(table, meta)
 
 
-def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, dropped: int, before: int) -> RepairReport:
+def _changed(a0: TraceArrays, s: _State) -> int:
+    """Events changed so far (modified, inserted or deleted), as the report counts them."""
     kept = s.origin >= 0
+    modified = np.zeros(int(kept.sum()), dtype=bool)
+    for v in _changed_columns(a0, s, kept).values():
+        modified |= v
+    return int(modified.sum()) + int((~kept).sum()) + a0.n - int(kept.sum())
+
+
+def _changed_columns(a0: TraceArrays, s: _State, kept: np.ndarray) -> dict[str, np.ndarray]:
+    """Per column, whether each kept row's value differs from its original row's."""
     o = s.origin[kept]
-    cols = {
+    return {
         "event": s.ev[kept] != a0.ev[o],
         "cpu": s.cpu[kept] != a0.cpu[o],
         "tid": s.tid[kept] != a0.tid[o],
@@ -591,6 +675,12 @@ def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, droppe
         "ret": (s.has_ret[kept] != a0.has_ret[o]) | (s.has_ret[kept] & (s.ret[kept] != a0.ret[o])),
         "dt": s.dt_changed[kept],
     }
+
+
+def _report(a0: TraceArrays, s: _State, fixes: Counter[str], rounds: int, dropped: int, before: int) -> RepairReport:
+    kept = s.origin >= 0
+    o = s.origin[kept]
+    cols = _changed_columns(a0, s, kept)
     any_col = np.zeros(int(kept.sum()), dtype=bool)
     for v in cols.values():
         any_col |= v
