@@ -204,6 +204,14 @@ def _fix_pairing(s: _State, fixes: Counter[str], rng: np.random.Generator, inser
     fixes["syscall.pairing"] += len(f.idx)
 
 
+def _hand_over(s: _State, fixes: Counter[str]) -> None:
+    """Orphan exits handed to the thread with the call open, before the CPU fixes end that
+    thread's stay with a switch (see _hand_over_orphans)."""
+    f = DETECTORS["syscall.pairing"](s.arrays())
+    if len(f.idx):
+        fixes["syscall.pairing"] += _hand_over_orphans(s, f)
+
+
 def _hand_over_orphans(s: _State, f: Found, look_back: int = 8) -> int:
     """An exit with no open entry on its thread, while another thread has that very call open (a
     sample that switched threads in the middle of a call), is that thread's exit: it takes the
@@ -574,6 +582,7 @@ def repair_trace(
     remaining = before
     while remaining and rounds < max_rounds:
         rounds += 1
+        step("pairing", lambda: _hand_over(s, fixes))
         step("cpus", lambda: _fix_cpus(s, fixes, rng))
         step("pairing", lambda: _fix_pairing(s, fixes, rng))
         step("insert_missing", lambda: _insert_missing(s, fixes, rng))
