@@ -67,6 +67,18 @@ def false_positives(name: str, trace: Trace) -> list[str]:
     return [name, f"{len(trace):,}", *cells, " / ".join(enforced), " | ".join(flagged)]
 
 
+def switchless_changes(trace: Trace) -> int:
+    """Events whose CPU's previous event belongs to another thread with no sched_switch between:
+    each needs an edit of its own (an inserted switch, or retagging), a floor under the edit rate."""
+    cpu, tid = trace.numeric("cpu", -1), trace.numeric("tid", -1)
+    switch = np.asarray(trace.column("event").to_pylist(), dtype=object) == "sched_switch"
+    o = np.flatnonzero(cpu >= 0)
+    o = o[np.argsort(cpu[o], kind="stable")]
+    same_cpu = cpu[o][1:] == cpu[o][:-1]
+    t = tid[o]
+    return int((same_cpu & (t[1:] != t[:-1]) & (t[1:] >= 0) & (t[:-1] >= 0) & ~switch[o][:-1]).sum())
+
+
 def markov_repair(name: str, trace: Trace, n: int) -> tuple[list[str], float, int]:
     train = split_by_time(trace, (0.7, 0.3))[0]
     rules = mine_rules([train])
@@ -84,6 +96,7 @@ def markov_repair(name: str, trace: Trace, n: int) -> tuple[list[str], float, in
         f"{after}",
         f"[{'green' if ok else 'red'}]{rep.edit_rate:.2%}[/]",
         f"{rep.modified:,} / {rep.inserted:,} / {rep.deleted:,}",
+        f"{switchless_changes(raw) / len(raw):.1%}",
         ", ".join(f"{k} {v}" for k, v in sorted(rep.edits.items(), key=lambda kv: -kv[1])),
         f"{len(raw) / rs:,.0f}",
     ]
@@ -158,6 +171,7 @@ def main() -> None:
         "after",
         "edit rate",
         "modified / inserted / deleted",
+        "thread changes w/o switch",
         "edits by fix",
         "repair ev/s",
         title=f"repair of Markov-4 samples (target: edit rate <= {EDIT_TARGET:.0%}, 0 after)",
