@@ -46,7 +46,8 @@ def vllm_available() -> str | None:
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means the same thing to the caller
-        return f"vLLM is not importable ({type(exc).__name__}: {exc}); install the project's vllm extra (scripts/setup.sh does)"
+        why = f"{type(exc).__name__}: {exc}"
+        return f"vLLM is not importable ({why}); install the project's vllm extra (scripts/setup.sh does)"
     return None
 
 
