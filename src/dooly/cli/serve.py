@@ -33,7 +33,10 @@ def _sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int
     )
 
 
-_ENGINE_HELP = "Inference engine the model was profiled with (hf-eager)."
+_ENGINE_HELP = (
+    "Inference engine: hf-eager, or vllm (the simulator runs vLLM v1's scheduler; validate-serving serves with "
+    "the real `vllm serve`; the ops' profiles are vLLM's when the DB has them, else hf-eager's)."
+)
 
 
 def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: int | None = None,
@@ -45,6 +48,23 @@ def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: i
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
     return Predictor.for_model(model, db, get_engine(engine, dtype=dtype), threads=threads)
+
+
+def serving_latency_model(model: str, db: Path, dtype: str, threads: int | None, engine: str):
+    """`engine`'s predictor for `model`; for vLLM, the HF engine's profiles while the DB has no vLLM ones.
+
+    Returns ``(predictor, engine that profiled the ops)``; a fallback is said on the console."""
+    if engine != "vllm":
+        return load_latency_model(model, db, dtype, threads, engine), engine
+    try:
+        return load_latency_model(model, db, dtype, threads, "vllm"), "vllm"
+    except DoolyError as exc:
+        out.print(f"[yellow]ops profiled with {DEFAULT_ENGINE}[/] (no vLLM profiles for {model}: {exc})")
+        return load_latency_model(model, db, dtype, threads, DEFAULT_ENGINE), DEFAULT_ENGINE
+
+
+VLLM_BLOCK_SIZE = 128  # vLLM's CPU backend default (it prefers multiples of 32)
+KVCACHE_HELP = "vLLM CPU backend: KV-cache GiB (VLLM_CPU_KVCACHE_SPACE); the KV blocks follow from it."
 
 
 SIM_HELP = "Workload: a CSV/JSONL trace or a generator spec such as poisson:n=64,rate=2,prompt=32-256,output=16"
@@ -77,7 +97,8 @@ def simulate(
     max_seqs: int = typer.Option(32, "--max-num-seqs", help="Most requests in one iteration."),
     max_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Token budget of one iteration."),
     chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
-    block_size: int = typer.Option(16, help="KV-cache block size in tokens."),
+    block_size: int = typer.Option(None, help="KV-cache block size in tokens (default 16; 128 for --engine vllm)."),
+    cpu_kvcache_gb: int | None = typer.Option(None, "--cpu-kvcache-gb", help=KVCACHE_HELP),
     kv_blocks: int | None = typer.Option(
         None,
         "--num-kv-blocks",
@@ -113,6 +134,12 @@ def simulate(
 
     make_router(router)  # an unknown name fails before any work
     w = parse_workload(workload)
+    if engine == "vllm":  # vLLM v1's scheduler always chunks prefills
+        chunked = True
+    block_size = block_size or (VLLM_BLOCK_SIZE if engine == "vllm" else 16)
+    if cpu_kvcache_gb is not None and kv_blocks is None:
+        kv_blocks = _cpu_kv_blocks(model, cpu_kvcache_gb, block_size, dtype)
+        out.print(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {cpu_kvcache_gb} GiB (vLLM CPU backend)")
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
     mem = None
     if memory_gb is not None:
@@ -125,7 +152,7 @@ def simulate(
                       f"(memory would give {kv.plan.num_blocks})")  # fmt: skip
         else:
             out.print(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
-    latency = load_latency_model(model, db, dtype, None, engine)
+    latency, _ = serving_latency_model(model, db, dtype, None, engine)
     name = f"simulation-{Path(model).stem}"
     if not sweep:
         study = run_study(model, workload, w, latency, kv, mem, replicas, router, router_seed)
@@ -265,6 +292,45 @@ def run_validation(
     }
 
 
+def _cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
+    from dooly.simulator import cpu_kv_blocks
+    from dooly.simulator.memory import dtype_bytes
+    from dooly.zoo import resolve_model
+
+    return cpu_kv_blocks(_hf_config(resolve_model(model)[1]), gb, block_size, dtype_bytes(dtype))
+
+
+def _hf_config(cfg: dict):
+    """The attribute view of a config dict that the memory model reads (nested text configs included)."""
+    from types import SimpleNamespace
+
+    text = cfg.get("text_config")
+    return SimpleNamespace(**(text if isinstance(text, dict) else cfg))
+
+
+def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_tokens: int, block_size: int,
+                        kvcache_gb: int, threads: int, dtype: str, real_runs: int) -> dict:  # fmt: skip
+    """`validate-serving --engine vllm`: the real `vllm serve` under vLLM's load generator vs the simulator
+    running vLLM v1's scheduler (see :mod:`dooly.engines.vllm_serving`)."""
+    from dooly.engines.vllm_serving import ServeConfig, validate, vllm_available
+    from dooly.simulator import CachedLatency, parse_workload
+
+    why = vllm_available()
+    if why:
+        raise DoolyError(why)
+    w = parse_workload(workload)
+    predictor, profiled_with = serving_latency_model(model, db, dtype, threads, "vllm")
+    blocks = _cpu_kv_blocks(model, kvcache_gb, block_size, dtype)
+    longest = int((w.prompt + w.output).max())
+    serve_cfg = ServeConfig(max_seqs, max_tokens, block_size, kvcache_gb, dtype, threads,
+                            max_model_len=max(256, -(-longest // block_size) * block_size))  # fmt: skip
+    log = Console(stderr=True).print
+    payload = validate(model, w, serve_cfg, blocks, CachedLatency(predictor), real_runs, log=log)
+    payload["workload"] = workload
+    payload["profiled_with"] = profiled_with
+    return payload
+
+
 def print_validation(payload: dict) -> None:
     table = Table(
         "metric", "measured p50 ms", "sim p50 ms", "measured mean ms", "sim mean ms", "per-request MAPE",
@@ -274,11 +340,17 @@ def print_validation(payload: dict) -> None:
         table.add_row(r["metric"], _ms(r["measured_p50"]), _ms(r["simulated_p50"]), _ms(r["measured_mean"]),
                       _ms(r["simulated_mean"]), f"{r['mape_pct']:.1f}%")  # fmt: skip
     out.print(table)
-    out.print(f"iteration latency MAPE (predictor vs the iterations that ran): {payload['iteration_mape']:.1f}%")
-    noise = payload.get("run_to_run_pct")
+    noise = payload.get("run_to_run_pct") or {}
+    if "iteration_metric" in payload:  # vLLM: no iteration timings, the clients' inter-token latencies instead
+        spread = f" (runs apart {noise['itl']:.1f}%)" if "itl" in noise else ""
+        out.print(f"iteration latency MAPE ({payload['iteration_metric']}): {payload['iteration_mape']:.1f}%{spread}")
+    else:
+        out.print(f"iteration latency MAPE (predictor vs the iterations that ran): {payload['iteration_mape']:.1f}%")
     if noise and payload.get("real_runs", 1) > 1:
         out.print(f"run-to-run spread of the {payload['real_runs']} real runs (noise floor): "
                   f"TTFT {noise['ttft']:.1f}%  TPOT {noise['tpot']:.1f}%")  # fmt: skip
+    if payload.get("profiled_with"):
+        out.print(f"ops profiled with: {payload['profiled_with']}")
 
 
 @app.command("validate-serving")
@@ -289,8 +361,9 @@ def validate_serving(
     max_seqs: int = typer.Option(8, "--max-num-seqs", help="Most requests in one iteration."),
     max_tokens: int = typer.Option(512, "--max-num-batched-tokens", help="Token budget of one iteration."),
     chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
-    block_size: int = typer.Option(16, help="KV-cache block size in tokens."),
-    kv_blocks: int = typer.Option(4096, help="KV-cache blocks."),
+    block_size: int = typer.Option(None, help="KV-cache block size in tokens (default 16; 128 for --engine vllm)."),
+    kv_blocks: int = typer.Option(4096, help="KV-cache blocks (HF engine; vLLM's follow from --cpu-kvcache-gb)."),
+    cpu_kvcache_gb: int = typer.Option(1, "--cpu-kvcache-gb", help=KVCACHE_HELP),
     threads: int = typer.Option(
         None, help="torch threads for the real engine (default: DOOLY_THREADS or 1, as the profiler)."
     ),
@@ -308,11 +381,18 @@ def validate_serving(
     from dooly.report import save_result
 
     threads = threads if threads is not None else default_threads()
+    if engine == "vllm":
+        payload = run_vllm_validation(model, db, workload, max_seqs, max_tokens, block_size or VLLM_BLOCK_SIZE,
+                                      cpu_kvcache_gb, threads, dtype, real_runs)  # fmt: skip
+        print_validation(payload)
+        path = save_result(db, f"validation-{Path(model).stem}-vllm{max_tokens}-seqs{max_seqs}", payload)
+        out.print(f"result: {path}")
+        return
     if clock is None:
         from dooly.profiler import default_clock
 
         clock = default_clock("cpu", threads)
-    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, kv_blocks)
+    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)
     payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs, engine)
     print_validation(payload)
     mode = "chunked" if chunked else "whole"

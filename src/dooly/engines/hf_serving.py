@@ -28,7 +28,10 @@ class HFExecutor:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
+        from dooly.engines.hf import HFEagerEngine
+
         self.model = model
+        self.cache_kw = HFEagerEngine._cache_kwarg(model)  # `cache`, or `past_key_values` in older releases
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.cfg = cfg
         probe = DynamicCache(config=cfg)
@@ -112,7 +115,7 @@ class HFExecutor:
         out = self.model(
             input_ids=ids,
             attention_mask=torch.ones(1, c + n, dtype=torch.long),  # the engine always passes a mask
-            cache=cache,
+            **{self.cache_kw: cache},
             position_ids=pos[None],
             cache_position=pos,
             use_cache=True,
@@ -141,7 +144,7 @@ class HFExecutor:
         ids = torch.tensor([[self.tokens[r.id][-1]] for r in reqs])
         out = self.model(
             input_ids=ids,
-            cache=cache,
+            **{self.cache_kw: cache},
             attention_mask=mask,
             position_ids=lens[:, None],
             cache_position=torch.tensor([longest]),

@@ -2,10 +2,10 @@
 workloads, metrics, and KV-cache sizing from device memory."""
 
 from dooly.simulator.entities import KVCache, Request, ScheduledBatch
-from dooly.simulator.memory import KVLayout, MemoryModel, MemoryPlan, kv_layout
+from dooly.simulator.memory import KVLayout, MemoryModel, MemoryPlan, cpu_kv_blocks, kv_layout
 from dooly.simulator.metrics import RequestMetrics, Summary, summarize
 from dooly.simulator.router import ROUTERS, Router, make_router
-from dooly.simulator.scheduler import ReplicaScheduler, SchedulerConfig
+from dooly.simulator.scheduler import ReplicaScheduler, SchedulerConfig, vllm_v1_config
 from dooly.simulator.simulator import CachedLatency, LatencyModel, SimulationResult, simulate
 from dooly.simulator.workload import Workload, generate_workload, load_workload, parse_workload
 
@@ -26,6 +26,7 @@ __all__ = [
     "SimulationResult",
     "Summary",
     "Workload",
+    "cpu_kv_blocks",
     "generate_workload",
     "kv_layout",
     "load_workload",
@@ -33,4 +34,5 @@ __all__ = [
     "parse_workload",
     "simulate",
     "summarize",
+    "vllm_v1_config",
 ]

@@ -32,6 +32,7 @@ class Request:
     finished: float | None = None
     preemptions: int = 0
     replica: int = -1  # where the router sent it (-1 until routed)
+    token_times: list[float] = field(default_factory=list)  # when each output token was sampled
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.output_tokens < 1:

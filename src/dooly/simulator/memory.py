@@ -220,6 +220,17 @@ class MemoryModel:
         return replace(cfg, num_kv_blocks=self.plan_for(cfg).num_blocks)
 
 
+def cpu_kv_blocks(hf_config: Any, kvcache_space_gb: float, block_size: int, kv_dtype_bytes: int) -> int:
+    """KV blocks of vLLM's CPU backend: ``VLLM_CPU_KVCACHE_SPACE`` GiB set aside for the cache (no memory
+    profiling: weights and activations live outside it), cut into blocks of ``block_size`` tokens."""
+    layout = kv_layout(hf_config, kv_dtype_bytes)
+    blocks = int(kvcache_space_gb * GIB) // (layout.bytes_per_token * block_size)
+    if blocks < 1:
+        raise DoolyError(f"a KV cache of {kvcache_space_gb:g} GiB holds no block of {block_size} tokens "
+                         f"at {layout.bytes_per_token} B/token")  # fmt: skip
+    return blocks
+
+
 @dataclass(frozen=True)
 class KVSizing:
     """Where a simulation's KV blocks come from: an explicit count, device memory, or the default."""

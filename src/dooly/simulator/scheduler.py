@@ -11,6 +11,19 @@ Two policies, chosen by ``chunked_prefill``:
 
 When a decoding request needs a new KV block and none is free, the most recently admitted running request
 is preempted (recompute) and goes back to the front of the waiting queue, as vLLM does.
+
+:func:`vllm_v1_config` is the configuration that reproduces vLLM v1's scheduler (``vllm.v1.core.sched``):
+chunked prefill always on, running requests before waiting ones, FCFS admission that stops at the first
+request that does not fit (token budget, ``max_num_seqs`` or free KV blocks), a preempting iteration
+admitting nothing new, the newest running request the preemption victim. vLLM v1 features not modelled:
+
+* prefix caching (shared prompt prefixes reuse cached blocks; dooly validates with it off),
+* speculative decoding, structured output, LoRA, multimodal encoders, pooling models,
+* priority scheduling (``--scheduling-policy priority``) and ``long_prefill_token_threshold``,
+* async scheduling (vLLM overlaps scheduling the next step with running this one on GPUs; the CPU backend
+  turns it off) and the CPU/HTTP overhead of the API server, streaming and detokenisation,
+* hybrid KV allocation (sliding-window and SSM layers get their own block pools; counted here as full
+  attention), KV offloading, and pipeline / data parallelism inside one replica.
 """
 
 from __future__ import annotations
@@ -40,6 +53,13 @@ class SchedulerConfig:
     def label(self) -> str:
         chunk = "chunked" if self.chunked_prefill else "whole"
         return f"seqs={self.max_num_seqs} tokens={self.max_num_batched_tokens} {chunk}"
+
+
+def vllm_v1_config(
+    max_num_seqs: int, max_num_batched_tokens: int, block_size: int, num_kv_blocks: int
+) -> SchedulerConfig:
+    """vLLM v1's scheduler with its engine limits (it always chunks prefills; see the module docstring)."""
+    return SchedulerConfig(max_num_seqs, max_num_batched_tokens, True, block_size, num_kv_blocks)
 
 
 class ReplicaScheduler:
@@ -170,11 +190,13 @@ class ReplicaScheduler:
             if req.computed == req.context_len:  # prefill complete: a token is sampled
                 req.prefill_done = True
                 req.generated += 1
+                req.token_times.append(now)
                 if req.first_token is None:
                     req.first_token = now
         for req in batch.decode:
             req.computed += 1
             req.generated += 1
+            req.token_times.append(now)
         for req in [r for r, _ in batch.prefill] + batch.decode:
             if req.prefill_done and req.is_finished and req.finished is None:
                 req.finished = now

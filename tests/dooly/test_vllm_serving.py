@@ -1,0 +1,155 @@
+"""vLLM as ground truth: the v1 scheduler preset, CPU KV sizing, the bench-record parser, and one real
+`vllm serve` run on CPU (dummy weights, offline), skipped when vLLM is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dooly.batch import Batch
+from dooly.errors import DoolyError
+from dooly.simulator import (
+    Workload,
+    cpu_kv_blocks,
+    parse_workload,
+    simulate,
+    vllm_v1_config,
+)
+from dooly.simulator.memory import kv_layout
+
+VLLM_MISSING = None
+try:
+    from dooly.engines.vllm_serving import BenchRun, ServeConfig, VLLMServer, validate, vllm_available, write_model_dir
+
+    VLLM_MISSING = vllm_available()
+except ImportError as exc:  # pragma: no cover - the module itself needs only numpy
+    VLLM_MISSING = str(exc)
+needs_vllm = pytest.mark.skipif(VLLM_MISSING is not None, reason=str(VLLM_MISSING))
+
+
+class LinearLatency:
+    def iteration_latency(self, batch: Batch) -> float:
+        return 0.01 + 1e-4 * batch.num_tokens + 1e-7 * sum(batch.decode)
+
+
+def _smollm_config():
+    from types import SimpleNamespace
+
+    from dooly.zoo import resolve_model
+
+    return SimpleNamespace(**resolve_model("smollm2-135m")[1])
+
+
+def test_cpu_kv_blocks_match_what_vllm_reports():
+    # vLLM 0.32 (CPU) logs "CPU KV cache size: 46,592 tokens" for smollm2-135m, 1 GiB, block 128, bf16
+    cfg = _smollm_config()
+    assert kv_layout(cfg, 2).bytes_per_token == 2 * 30 * 3 * 64 * 2
+    assert cpu_kv_blocks(cfg, 1, 128, 2) * 128 == 46592
+    assert cpu_kv_blocks(cfg, 2, 128, 2) == 728 and cpu_kv_blocks(cfg, 1, 64, 2) == 728
+    with pytest.raises(DoolyError, match="holds no block"):
+        cpu_kv_blocks(cfg, 1e-6, 128, 2)
+
+
+def test_v1_preset_chunks_and_records_token_times():
+    cfg = vllm_v1_config(4, 64, 16, 64)
+    assert cfg.chunked_prefill and cfg.max_num_batched_tokens == 64
+    w = parse_workload("poisson:n=12,rate=50,prompt=40-200,output=2-9,seed=3")
+    res = simulate(w, LinearLatency(), cfg)
+    for r in res.requests:
+        assert len(r.token_times) == r.output_tokens
+        assert r.token_times[0] == r.first_token and r.token_times[-1] == r.finished
+        assert np.all(np.diff(r.token_times) > 0)
+    # the budget binds: no iteration schedules more than 64 tokens, and prompts above it were chunked
+    assert max(it.prefill_tokens + it.num_decode for it in res.iterations) <= 64
+    assert any(it.num_prefill and it.num_decode for it in res.iterations)  # mixed prefill/decode steps (v1)
+
+
+def _bench_result(w: Workload, **over) -> dict:
+    n = len(w)
+    res = {
+        "errors": [""] * n,
+        "output_lens": list(w.output),
+        "ttfts": [0.1 + 0.01 * i for i in range(n)],
+        "latencies": [0.1 + 0.01 * i + 0.02 * (o - 1) for i, o in enumerate(w.output)],
+        "start_times": list(100.0 + w.arrival),
+        "itls": [[0.02] * (int(o) - 1) for o in w.output],
+    }
+    res.update(over)
+    return res
+
+
+def test_bench_records_become_request_metrics():
+    w = Workload(np.array([0.0, 0.5, 1.0]), np.array([10, 20, 30]), np.array([4, 1, 6]))
+    run = BenchRun.from_result(w, _bench_result(w))
+    np.testing.assert_allclose(run.metrics.ttft, [0.10, 0.11, 0.12])
+    np.testing.assert_allclose(run.metrics.tpot[[0, 2]], [0.02, 0.02])
+    assert np.isnan(run.metrics.tpot[1])  # one output token: no TPOT
+    np.testing.assert_allclose(run.send_lag, 0.0, atol=1e-9)
+    with pytest.raises(DoolyError, match="1 of 3 requests failed"):
+        BenchRun.from_result(w, _bench_result(w, errors=["", "Traceback\nConnectionError: refused", ""]))
+    with pytest.raises(DoolyError, match="produced 3 tokens"):
+        BenchRun.from_result(w, _bench_result(w, output_lens=[3, 1, 6]))
+
+
+def test_model_dir_names_the_causal_lm_class(tmp_path):
+    pytest.importorskip("transformers")
+    name, d = write_model_dir("smollm2-135m", tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    assert name == "smollm2-135m" and cfg["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["num_hidden_layers"] == 30
+
+
+@needs_vllm
+def test_server_that_fails_to_start_is_stopped(tmp_path):
+    cfg = ServeConfig(4, 128, startup_timeout_s=2)
+    srv = VLLMServer("smollm2-135m", cfg, workdir=tmp_path)
+    with pytest.raises(DoolyError, match="did not come up in 2 s"):
+        with srv:
+            pass
+    assert srv.proc is None and srv.pgid is not None
+    # nothing of its process group is left (the engine core it may have spawned included)
+    for _ in range(50):
+        try:
+            os.killpg(srv.pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"process group {srv.pgid} of the failed server is still alive")
+
+
+@needs_vllm
+def test_real_vllm_serve_against_the_simulator(tmp_path):
+    """One server, two real runs of a workload that queues (8 requests at once, 2 sequences at a time)."""
+    w = parse_workload("static:n=8,prompt=24-160,output=6-12,seed=1")
+    cfg = ServeConfig(max_num_seqs=2, max_num_batched_tokens=128, max_model_len=256)
+    payload = validate("smollm2-135m", w, cfg, 364, LinearLatency(), real_runs=2, workdir=tmp_path, log=lambda m: None)
+    assert payload["server"]["kv_cache_tokens"] == 364 * 128  # the simulator's sizing is vLLM's
+    measured = payload["measured"]
+    assert np.all(measured["ttft"] > 0) and np.all(np.isfinite(measured["tpot"]))
+    # queueing: with 2 sequences at a time the last requests wait for earlier ones to finish
+    assert measured["ttft"].max() > 2 * measured["ttft"].min()
+    assert np.all(measured["e2e"] > measured["ttft"])
+    noise = payload["run_to_run_pct"]
+    assert set(noise) == {"ttft", "tpot", "itl"} and all(np.isfinite(v) for v in noise.values())
+    assert {r["metric"] for r in payload["table"]} == {"TTFT", "TPOT"}
+    assert np.isfinite(payload["iteration_mape"])
+
+
+def test_cli_refuses_vllm_cleanly_without_it(tmp_path):
+    if VLLM_MISSING is None:
+        pytest.skip("vLLM is installed; the refusal path is for machines without it")
+    db = tmp_path / "p.db"
+    db.write_bytes(b"")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dooly", "validate-serving", "smollm2-135m", "--db", str(db), "--engine", "vllm"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "vLLM is not importable" in proc.stderr + proc.stdout
