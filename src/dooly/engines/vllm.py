@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,10 @@ class VLLMEngine(Engine):
     def _init_distributed(vllm_config: Any) -> None:
         """One rank, no parallelism: vLLM's layers ask its process groups for their (trivial) shard sizes."""
         import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
-        with _DIST_LOCK:
+        with _DIST_LOCK, unset_fake_temporarily():  # the groups are real even when the model is built on fakes
             if not torch.distributed.is_initialized():
                 path = Path(tempfile.mkdtemp(prefix="dooly-vllm-dist-")) / "init"
                 init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"file://{path}",
@@ -140,7 +142,9 @@ class VLLMEngine(Engine):
         with set_current_vllm_config(vc):
             self._init_distributed(vc)
             try:
-                model = get_model(vllm_config=vc)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # vLLM's loader reads fake storages' addresses (harmless)
+                    model = get_model(vllm_config=vc)
             except (ValueError, KeyError, TypeError, NotImplementedError) as exc:
                 raise DoolyError(f"vLLM cannot build the model: {str(exc).splitlines()[0][:300]}") from None
             layers = {n: m for n, m in model.named_modules() if isinstance(m, Attention)}
