@@ -130,10 +130,9 @@ class VLLMEngine(Engine):
     def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
         import torch
         from vllm.config import set_current_vllm_config
+        from vllm.model_executor.layers import rotary_embedding
         from vllm.model_executor.layers.attention import Attention
         from vllm.model_executor.model_loader import get_model
-
-        from vllm.model_executor.layers import rotary_embedding
 
         vc = self.vllm_config(config, num_layers=num_layers)
         # vLLM memoises rotary-embedding modules process-wide: one built on real tensors must not be handed to a

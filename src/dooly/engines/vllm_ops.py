@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
 _LIB: Any = None
 _SCHEDULE: dict[tuple, torch.Tensor] = {}  # scheduler metadata per (seq_lens, query_start_loc, settings)
@@ -40,17 +40,17 @@ def _observed(*tensors: Any) -> bool:
     return bool(_get_current_dispatch_mode_stack()) or any(isinstance(t, FakeTensor) for t in tensors)
 
 
-def _schedule(query: torch.Tensor, key_cache: torch.Tensor, seq_lens: torch.Tensor, qsl: torch.Tensor,
-              causal: bool, window: int, isa: str, split: bool, dyn: torch.Tensor | None, kv_dtype: str) -> torch.Tensor:  # fmt: skip
-    key = (seq_lens.numpy().tobytes(), qsl.numpy().tobytes(), tuple(query.shape[1:]), key_cache.shape[1],
-           query.dtype, causal, window, isa, split, dyn is None, kv_dtype, torch.get_num_threads())  # fmt: skip
+def _schedule(q: Any, kc: Any, seq_lens: Any, qsl: Any, causal: bool, window: int, isa: str, split: bool, dyn: Any,
+              kv_dtype: str) -> torch.Tensor:  # fmt: skip
+    key = (seq_lens.numpy().tobytes(), qsl.numpy().tobytes(), tuple(q.shape[1:]), kc.shape[1], q.dtype, causal,
+           window, isa, split, dyn is None, kv_dtype, torch.get_num_threads())  # fmt: skip
     out = _SCHEDULE.get(key)
     if out is None:
         if len(_SCHEDULE) > 256:
             _SCHEDULE.clear()
         out = _SCHEDULE[key] = _ORIGINAL["cpu_attn_get_scheduler_metadata"](
-            num_reqs=seq_lens.shape[0], num_heads=query.shape[1], num_kv_heads=key_cache.shape[1],
-            head_dim=query.shape[2], seq_lens=seq_lens, dtype=query.dtype, query_start_loc=qsl, causal=causal,
+            num_reqs=seq_lens.shape[0], num_heads=q.shape[1], num_kv_heads=kc.shape[1],
+            head_dim=q.shape[2], seq_lens=seq_lens, dtype=q.dtype, query_start_loc=qsl, causal=causal,
             sliding_window_size=window, isa=isa, enable_kv_split=split, dynamic_causal=dyn, kv_cache_dtype=kv_dtype,
         )  # fmt: skip
     return out
@@ -130,7 +130,11 @@ def install() -> None:
 
     def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, isa, k_scale=1.0, v_scale=1.0,  # type: ignore[no-untyped-def]
                           kv_cache_dtype="auto"):  # fmt: skip
-        fn = torch.ops.dooly_vllm.cpu_attn_reshape_and_cache if _observed(key) else _ORIGINAL["cpu_attn_reshape_and_cache"]
+        fn = (
+            torch.ops.dooly_vllm.cpu_attn_reshape_and_cache
+            if _observed(key)
+            else _ORIGINAL["cpu_attn_reshape_and_cache"]
+        )
         fn(key, value, key_cache, value_cache, slot_mapping, isa, k_scale, v_scale, kv_cache_dtype)
 
     def attention(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,  # type: ignore[no-untyped-def]
@@ -159,12 +163,19 @@ def install() -> None:
             return torch.empty(0, dtype=torch.int8)
         return _ORIGINAL["cpu_attn_get_scheduler_metadata"](**kw)
 
+    # a real model's oneDNN handles may be garbage-collected while a later trace runs: release them outside it
+    release = ops.CPUDNNLGEMMHandler.__del__
+
+    def __del__(self: Any) -> None:
+        with _disable_current_modes():
+            release(self)
+
+    ops.CPUDNNLGEMMHandler.__del__ = __del__
     ops.onednn_mm = onednn_mm
     ops.create_onednn_mm = create_onednn_mm
     ops.cpu_attn_reshape_and_cache = reshape_and_cache
     ops.cpu_attention_with_kv_cache = attention
     ops.cpu_attn_get_scheduler_metadata = scheduler_metadata
-
 
 
 __all__ = ["install"]

@@ -59,9 +59,8 @@ class _Pool(TorchDispatchMode):
             self.tensors.setdefault((tuple(t.shape), tuple(t.stride()), t.dtype), t)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None):
-        from torch.utils._pytree import tree_leaves
-
         import torch
+        from torch.utils._pytree import tree_leaves
 
         kwargs = kwargs or {}
         calls = self.calls.setdefault(str(func), [])
