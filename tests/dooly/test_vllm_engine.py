@@ -1,0 +1,136 @@
+"""The vLLM engine: vLLM's own model, KV cache, attention metadata and CPU kernels, traced and profiled like HF's.
+
+Skipped where vllm is not importable (it is an optional, heavy install). One module-wide engine and a two-layer
+model keep the whole file within about a minute (importing vLLM alone takes ~30 s here).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not installed (the vLLM engine is optional)")
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from dooly.engines import RequestShape, get_engine  # noqa: E402
+from dooly.errors import DoolyError  # noqa: E402
+from dooly.profiler import GridSpec, make_plan, run_plan  # noqa: E402
+from dooly.profiler.runner import _Pool  # noqa: E402
+from dooly.store import ProfileStore  # noqa: E402
+from dooly.tracer import trace_model  # noqa: E402
+from dooly.zoo import resolve_model  # noqa: E402
+
+ATTENTION = "dooly_vllm.cpu_attention_with_kv_cache.default"
+
+
+@pytest.fixture(scope="module")
+def engine():  # type: ignore[no-untyped-def]
+    return get_engine("vllm")
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    _, cfg = resolve_model("smollm2-135m")
+    return {**cfg, "num_hidden_layers": 2}  # per-layer shapes unchanged, two layers: fast and still repeated
+
+
+@pytest.fixture(scope="module")
+def model(engine, config):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    return engine.build_model(config)
+
+
+class _RealOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, list[tuple[int, ...]]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        from torch.utils._pytree import tree_leaves
+
+        kwargs = kwargs or {}
+        if func.namespace != "prim":
+            seen = list({id(t): t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}.values())
+            self.ops.append((str(func), [tuple(t.shape) for t in seen]))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_trace_is_the_real_step_op_by_op(engine, config, model, phase) -> None:  # type: ignore[no-untyped-def]
+    trace = trace_model(config, phase, engine=engine)
+    assert trace.engine == "vllm/cpu" and not trace.guards
+    h = trace.hints
+    inputs = engine.prepare(model, RequestShape(h["requests"], h.get("tokens", 1), h.get("kv_len", 0)))
+    rec = _RealOps()
+    with rec:
+        engine.forward(model, inputs)
+    traced = [(r.signature.op, [s for s, _ in r.signature.concrete(h)[0]]) for r in trace.records]
+    # as with HF, a whole-tensor slice is an `alias` view (no kernel) on one side and a dropped no-op on the other
+    # (here the logits' vocabulary slice, which symbolic sizes cannot prove whole)
+    kernels = [op for op in traced if op[0] != "aten.alias.default"]
+    assert kernels == [op for op in rec.ops if op[0] != "aten.alias.default"]
+    ops = Counter(r.signature.op for r in trace.records)
+    # vLLM's own kernels, one call per layer (attention, KV-cache write, rotary) or per linear layer (oneDNN)
+    assert ops[ATTENTION] == ops["dooly_vllm.cpu_attn_reshape_and_cache.default"] == 2
+    assert ops["_C.rotary_embedding.default"] == 2 and ops["dooly_vllm.onednn_mm.default"] == 2 * 4 + 1
+    attn = next(r.signature for r in trace.records if r.signature.op == ATTENTION)
+    # the paged cache and the batch are request sizes: labelled, not frozen at the dummy values
+    assert attn.symbols() == ({"requests", "tokens"} if phase == "prefill" else {"requests", "kv_len"})
+
+
+def test_a_step_runs_on_the_cache_its_prefill_filled_and_grows_a_block(engine, model) -> None:  # type: ignore[no-untyped-def]
+    block = model._dooly_vllm.groups[0][0].block_size
+    inputs = engine.prepare(model, RequestShape.decode(2, block - 1))  # the step fills the last slot of a block
+    cache = next(iter(inputs["kv_caches"].values()))
+    assert cache.shape[0] == 2 and cache.abs().sum() > 0  # one block per sequence, written by the prefill
+    nxt = engine.forward(model, inputs)
+    assert nxt.shape == (2,)
+    step = engine.advance(inputs, nxt)  # the next token needs a second block per sequence
+    grown = next(iter(step["kv_caches"].values()))
+    assert grown.shape[0] == 4 and step["shape"] == (2, 1, block)
+    assert torch.equal(grown[step["block_tables"][0][:, 0].long()], cache[inputs["block_tables"][0][:, 0].long()])
+    assert engine.forward(model, step).shape == (2,)
+
+
+def test_the_context_pool_hands_an_op_its_own_call_inputs(engine, model) -> None:  # type: ignore[no-untyped-def]
+    inputs = engine.prepare(model, RequestShape.decode(3, 40))
+    pool = _Pool()
+    with pool:
+        engine.forward(model, inputs)
+    call = pool.calls[ATTENTION][0]
+    layouts = [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in call]
+    found = pool.call_inputs(ATTENTION, layouts)
+    seq_lens = found[5]
+    assert seq_lens.tolist() == [41, 41, 41]  # the real lengths, not a fresh tensor of zeros
+
+
+def test_profiling_times_every_signature_on_vllm_kernels(engine, config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with ProfileStore(tmp_path / "p.db") as store:
+        plan = make_plan([config], store, engine, GridSpec((1, 2), (4, 16), (1, 2), (8, 130)), threads=1)
+        stats = run_plan(plan, store, engine, threads=1)
+        assert stats["failed"] == 0 and stats["points"] == plan.todo_points > 0
+        assert stats["completed"] == len(plan.grid_size)
+        attn = [k for k, v in plan.models[0].needs["decode"].items() if v.signature.op == ATTENTION]
+        pts = {(int(p["requests"]), int(p["kv_len"])): m.median_s for p, m in store.points(plan.ctx, attn[0])}
+    # attention over 130 cached tokens (two blocks) costs more than over 8, for the same batch
+    assert pts[2, 130] > pts[2, 8]
+
+
+def test_trace_cli_takes_the_engine_by_name(config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from dooly.cli import app
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    res = CliRunner().invoke(app, ["trace", str(path), "--engine", "vllm", "--phase", "decode"])
+    assert res.exit_code == 0, res.output
+    assert "vllm/cpu" in res.output
+
+
+def test_only_the_cpu_backend_is_wired() -> None:
+    with pytest.raises(DoolyError, match="only vLLM's CPU backend"):
+        get_engine("vllm", device="cuda")
