@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -266,6 +266,7 @@ class Predictor:
         strict: bool = True,
         shape: bool = False,
         holdout: bool = False,
+        unmeasured: Collection[str] = (),
     ) -> Predictor:
         """A predictor for ``model`` (zoo name, config path or dict) from the profile DB at ``db_path``.
 
@@ -277,6 +278,8 @@ class Predictor:
         ``holdout``: predict the model as if it had never been profiled (zero new points): the signatures no
         other profiled model needs are left out of the DB and of the shape fit, and the model's calibration
         forwards out of the overhead fit. Implies ``shape``.
+        ``unmeasured``: signatures treated as never profiled (what ``dooly profile --budget`` would have left
+        to the shape model), predicted from shape. Implies ``shape``.
         """
         from dooly.engines import get_engine
         from dooly.profiler import context_for, default_threads, model_traces
@@ -295,10 +298,10 @@ class Predictor:
             complete = store.complete_keys(ctx)
             pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
             fills: dict[str, list[ShapeFill]] = {}
-            held: set[str] = set()
+            held = set(unmeasured)
             if holdout:
-                held = own_signatures(store, ctx, name, traces)
-                shape = True
+                held |= own_signatures(store, ctx, name, traces)
+            shape = shape or bool(held) or holdout
             if shape:
                 measured = {k: v for k, v in pts.items() if k in complete and k not in held}
                 fills, synth = shape_fill(traces, measured, store, ctx, cfg, held)

@@ -8,19 +8,23 @@ signatures of that kind are pooled and one small model is fitted over shape-deri
   for everything else;
 * ``bytes``: what the call reads and writes (inputs, plus the output as large as the largest input, or a
   matmul's ``M·N``);
+* ``tasks``: attention's batch x heads (its kernels split the work per sequence and head, each with a fixed
+  cost); zero for every other op;
 
 Two forms are fitted, each with numpy least squares, and the one with the lower leave-one-signature-out
 error is kept per kind:
 
-* ``roofline``: ``t = c0 + c1·flops + c2·bytes`` with non-negative coefficients, fitted in relative error
+* ``roofline``: ``t = c0 + c1·flops + c2·bytes + c3·tasks`` with non-negative coefficients, fitted in relative error
   (a fixed launch cost plus a compute and a memory rate);
-* ``loglog``: ``log t = a + b·log(1 + flops) + c·log(1 + bytes)`` (efficiency that changes with size).
+* ``loglog``: ``log t = a + b·log(1 + flops) + c·log(1 + bytes) + d·log(1 + tasks)`` (efficiency that
+  changes with size).
 
 **Uncertainty.** Each kind keeps the spread of its leave-one-signature-out residuals (``sigma``: RMS of the
 log error when each signature is predicted by a fit that never saw it), widened for a signature whose
 shapes lie outside the fitted ones by the leverage of its points in log-feature space: a prediction
 interval ``exp(± sigma · sqrt(1 + h))``. A kind with fewer than :data:`MIN_SIGNATURES` signatures has no
-model, so such a signature must be profiled.
+model; the signature then falls back to its coarse kind (engine, overload, dtypes), and with no model
+there either it must be profiled.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ import numpy as np
 
 from dooly.signature import Signature
 
-#: A kind needs this many profiled signatures before its model is trusted (leave-one-out needs >= 2 to fit).
-MIN_SIGNATURES = 3
+#: A kind needs this many profiled signatures for a model (leave-one-signature-out needs two to say anything).
+MIN_SIGNATURES = 2
+_MAX_SIGMA = 3.0  # log-space: an interval past x20 says "unknown" as well as any wider one
 
 _MATMUL = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 _ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2,
@@ -52,6 +57,8 @@ def kind_of(sig: Signature) -> str:
         if isinstance(x, dict):
             if set(x) == {"sym"}:
                 return "#"
+            if set(x) == {"tensor"}:
+                return x
             return {k: skeleton(v) for k, v in x.items()}
         # sizes, dims, offsets and scalars are numbers: the shapes carry what matters about them
         return "#" if isinstance(x, int | float) and not isinstance(x, bool) else x
@@ -61,8 +68,14 @@ def kind_of(sig: Signature) -> str:
     return f"{sig.engine}|{sig.op}|{ins}|{json.dumps(args, sort_keys=True)}"
 
 
-def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float]:
-    """``(flops, bytes)`` of one call of ``sig`` at request ``values`` (see the module docstring)."""
+def coarse_kind_of(sig: Signature) -> str:
+    """The fallback when a kind has too few signatures: engine, overload and input dtypes only (a causal and a
+    plain attention, or a 3-d and a 4-d add, then share one model; its wider error says so)."""
+    return f"{sig.engine}|{sig.op}|{','.join(t.dtype for t in sig.inputs)}"
+
+
+def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float]:
+    """``(flops, bytes, tasks)`` of one call of ``sig`` at request ``values`` (see the module docstring)."""
     shapes, args = sig.concrete(values)
     numels = [math.prod(s) for s, _ in shapes]
     sizes = [_ITEMSIZE.get(t.dtype, 4) for t in sig.inputs]
@@ -72,15 +85,15 @@ def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float]:
         a, b = shapes[-2][0], shapes[-1][0]  # addmm/baddbmm: (bias, a, b)
         m, k, n = a[-2], a[-1], b[-1]
         batch = math.prod(a[:-2])
-        return 2.0 * batch * m * n * k, read + batch * m * n * item
+        return 2.0 * batch * m * n * k, read + batch * m * n * item, 0.0
     if sig.op == "aten.linear.default" and len(shapes) >= 2:
         x, w = shapes[0][0], shapes[1][0]  # x (..., K) @ w (N, K)^T
         rows, n, k = math.prod(x[:-1]), w[0], x[-1]
-        return 2.0 * rows * n * k, read + rows * n * item
+        return 2.0 * rows * n * k, read + rows * n * item, 0.0
     if "scaled_dot_product" in sig.op and len(shapes) >= 3:
         q, k = shapes[0][0], shapes[1][0]
         batch_heads, length, dim = math.prod(q[:-2]), q[-2], q[-1]
-        return 4.0 * batch_heads * length * k[-2] * dim, read + numels[0] * item
+        return 4.0 * batch_heads * length * k[-2] * dim, read + numels[0] * item, float(batch_heads)
     # elementwise, reductions, copies, creation ops: the element count (a creation op's size is in its args)
     sym_ints: list[int] = []
 
@@ -93,12 +106,12 @@ def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float]:
 
     grab(args.get("args", []) if isinstance(args, dict) else [])
     elements = float(max(numels + [abs(v) for v in sym_ints if abs(v) < 2**40] + [1]))
-    return elements, read + elements * item
+    return elements, read + elements * item, 0.0
 
 
 def _features(fb: np.ndarray) -> np.ndarray:
-    """Log-space design of ``(flops, bytes)`` rows: ``[1, log(1 + flops), log(1 + bytes)]``."""
-    return np.column_stack([np.ones(len(fb)), np.log1p(fb[:, 0]), np.log1p(fb[:, 1])])
+    """Log-space design of ``(flops, bytes, tasks)`` rows: ``[1, log(1 + flops), log(1 + bytes), log(1 + tasks)]``."""
+    return np.column_stack([np.ones(len(fb)), np.log1p(fb)])
 
 
 @dataclass
@@ -138,7 +151,7 @@ class KindModel:
     loso_mape: float  # mean leave-one-signature-out relative error (%), for the report
     n_signatures: int
     n_points: int
-    _xtx_inv: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((3, 3)))
+    _xtx_inv: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((4, 4)))
 
     def predict(self, fb: np.ndarray) -> np.ndarray:
         return np.maximum(self.fit.predict(fb), 1e-9)
@@ -149,13 +162,25 @@ class KindModel:
         return float(np.mean(np.einsum("ij,jk,ik->i", X, self._xtx_inv, X)))
 
 
-def fit_kind(kind: str, rows: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> KindModel | None:
-    """Fit one kind from ``{signature key: (flops/bytes rows, seconds)}``; None below MIN_SIGNATURES."""
+def fit_kind(
+    kind: str, rows: Mapping[str, tuple[np.ndarray, np.ndarray]], fallback: KindModel | None = None
+) -> KindModel | None:
+    """Fit one kind from ``{signature key: (work rows, seconds)}``; None below MIN_SIGNATURES.
+
+    With ``fallback`` (the model of the coarse kind), a kind of a single signature is still fitted (the roofline
+    form, on that signature's own points: it extrapolates in the sizes the request does not move) and takes
+    the coarse kind's leave-one-signature-out spread as its uncertainty, the only one measurable."""
+    keys = sorted(rows)
+    if len(rows) == 1 and fallback is not None:
+        fb, t = rows[keys[0]]
+        return KindModel(kind, _fit("roofline", fb, t), fallback.sigma, fallback.loso_mape, 1, len(t),
+                         fallback._xtx_inv)  # fmt: skip
     if len(rows) < MIN_SIGNATURES:
         return None
-    keys = sorted(rows)
     best: tuple[float, str, list[float]] | None = None
-    for form in ("roofline", "loglog"):
+    # the log-log form has three free coefficients: from one signature's points (whose flops and bytes move
+    # together) it is underdetermined, so with two signatures only the roofline form is tried
+    for form in ("roofline", "loglog") if len(keys) > 2 else ("roofline",):
         errs: list[float] = []
         for k in keys:
             train = [rows[j] for j in keys if j != k]
@@ -205,32 +230,40 @@ class ShapeModel:
         points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]],
         exclude: Collection[str] = (),
     ) -> ShapeModel:
-        by_kind: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        fine: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        coarse: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        parent: dict[str, str] = {}
         for key, pts in points.items():
             sig = signatures.get(key)
             if sig is None or key in exclude or not pts:
                 continue
             fb = np.array([work(sig, {s: int(v) for s, v in p.items()}) for p, _ in pts])
             t = np.maximum(np.array([lat for _, lat in pts], dtype=np.float64), 1e-9)
-            by_kind.setdefault(kind_of(sig), {})[key] = (fb, t)
-        kinds = {}
-        for kind, rows in by_kind.items():
-            km = fit_kind(kind, rows)
-            if km is not None:
-                kinds[kind] = km
+            fine.setdefault(kind_of(sig), {})[key] = (fb, t)
+            coarse.setdefault(coarse_kind_of(sig), {})[key] = (fb, t)
+            parent[kind_of(sig)] = coarse_kind_of(sig)
+        kinds = {k: m for k, rows in coarse.items() if (m := fit_kind(k, rows)) is not None}
+        for k, rows in fine.items():
+            m = fit_kind(k, rows, kinds.get(parent[k]))
+            if m is not None:
+                kinds[k] = m
         return cls(kinds)
 
+    def model_for(self, sig: Signature) -> KindModel | None:
+        """The model of the signature's kind, else of its coarse kind (None: neither has enough signatures)."""
+        return self.kinds.get(kind_of(sig)) or self.kinds.get(coarse_kind_of(sig))
+
     def covers(self, sig: Signature) -> bool:
-        return kind_of(sig) in self.kinds
+        return self.model_for(sig) is not None
 
     def predict(self, sig: Signature, values: Iterable[Mapping[str, int]]) -> ShapePrediction:
         """Seconds at each of ``values`` (one dict of request values each)."""
         vals = list(values)
-        km = self.kinds.get(kind_of(sig))
+        km = self.model_for(sig)
         if km is None:
             return ShapePrediction(np.full(len(vals), np.nan), math.inf)
         fb = np.array([work(sig, v) for v in vals])
-        return ShapePrediction(km.predict(fb), km.sigma * math.sqrt(1.0 + km.leverage(fb)))
+        return ShapePrediction(km.predict(fb), min(_MAX_SIGMA, km.sigma * math.sqrt(1.0 + km.leverage(fb))))
 
 
 def signatures_of(store: object, ctx: object, keys: Iterable[str]) -> dict[str, Signature]:

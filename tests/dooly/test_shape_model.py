@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dooly.shape_model import MIN_SIGNATURES, ShapeModel, kind_of, work
+from dooly.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, kind_of, work
 from dooly.signature import Signature, TensorSpec
 
 MM_ARGS = '{"args":[{"tensor":0},{"tensor":1}],"kwargs":{}}'
@@ -25,7 +25,7 @@ def silu(width: int) -> Signature:
 
 
 def roofline(sig: Signature, tokens: int) -> float:
-    flops, nbytes = work(sig, {"tokens": tokens})
+    flops, nbytes, _ = work(sig, {"tokens": tokens})
     return 4e-6 + flops / 2e10 + nbytes / 5e9
 
 
@@ -36,10 +36,10 @@ def points(sigs, law, noise: float = 0.0, seed: int = 0):  # type: ignore[no-unt
 
 
 def test_work_of_a_matmul_and_an_elementwise_op() -> None:
-    flops, nbytes = work(mm(64, 32), {"tokens": 8})
+    flops, nbytes, tasks = work(mm(64, 32), {"tokens": 8})
     assert flops == 2 * 8 * 64 * 32
-    assert nbytes == 2 * (8 * 64 + 64 * 32 + 8 * 32)
-    assert work(silu(100), {"tokens": 3}) == (300.0, 2 * 300 * 2)
+    assert nbytes == 2 * (8 * 64 + 64 * 32 + 8 * 32) and tasks == 0
+    assert work(silu(100), {"tokens": 3}) == (300.0, 2 * 300 * 2, 0.0)
 
 
 def test_kind_pools_sizes_but_not_dtypes_or_flags() -> None:
@@ -92,13 +92,29 @@ def test_a_kind_with_too_few_signatures_is_not_covered() -> None:
     few = [mm(64, n) for n in range(1, MIN_SIGNATURES)]
     model = ShapeModel.fit({s.key: s for s in few}, points(few, roofline))
     assert not model.covers(mm(64, 99))
+    assert not model.covers(mm(64, 99, "float32"))
     pred = model.predict(mm(64, 99), [{"tokens": 1}])
     assert math.isinf(pred.rel_uncertainty)
     assert not model.covers(silu(10))
+
+
+def test_a_sparse_kind_falls_back_to_its_coarse_kind() -> None:
+    # one 3-d silu and one 2-d: neither rank alone has two signatures, the overload and dtype together do; each
+    # rank is fitted on its own signature's points, with the coarse kind's spread as its uncertainty
+    a = silu(64)
+    b = Signature("aten.silu.default", (TensorSpec(("tokens", 7, 32), "bfloat16"),),
+                  '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")  # fmt: skip
+    model = ShapeModel.fit({a.key: a, b.key: b}, points([a, b], roofline))
+    fine, coarse = model.kinds[kind_of(a)], model.kinds[coarse_kind_of(a)]
+    assert fine.n_signatures == 1 and coarse.n_signatures == 2
+    assert fine.sigma == coarse.sigma  # one signature has no leave-one-out spread of its own: the coarse one
+    assert model.covers(silu(500))
+    assert model.predict(silu(500), [{"tokens": 9}]).seconds[0] == pytest.approx(roofline(silu(500), 9), rel=0.05)
 
 
 def test_excluded_signatures_stay_out_of_the_fit() -> None:
     train = [mm(k, 64) for k in (32, 64, 128)]
     sigs = {s.key: s for s in train}
     assert ShapeModel.fit(sigs, points(train, roofline)).covers(mm(1, 1))
-    assert not ShapeModel.fit(sigs, points(train, roofline), exclude={train[0].key}).covers(mm(1, 1))
+    left_one = {train[0].key, train[1].key}
+    assert not ShapeModel.fit(sigs, points(train, roofline), exclude=left_one).covers(mm(1, 1))

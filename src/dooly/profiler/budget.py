@@ -10,6 +10,7 @@ from shape (``dooly validate --shape``).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from dooly.profiler.plan import Plan
@@ -32,10 +33,13 @@ class ShapeTriage:
         return ranked if budget is None else ranked[: max(0, budget)]
 
 
-def triage(plan: Plan, store: ProfileStore) -> ShapeTriage:
-    """Sort the plan's signatures by what the shape model fitted on the DB as it is now can predict."""
+def triage(plan: Plan, store: ProfileStore, hidden: Collection[str] = ()) -> ShapeTriage:
+    """Sort the plan's signatures by what the shape model fitted on the DB as it is now can predict
+    (``hidden``: signatures in the DB treated as never profiled, to replay a budget on a complete profile)."""
+    hidden = set(hidden)
+    known = plan.known - hidden
     raw = store.all_points(plan.ctx)
-    measured = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items() if k in plan.known}
+    measured = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items() if k in known}
     model = ShapeModel.fit(signatures_of(store, plan.ctx, measured), measured)
     reused: set[str] = set()
     uncovered: set[str] = set()
@@ -44,7 +48,7 @@ def triage(plan: Plan, store: ProfileStore) -> ShapeTriage:
     for mp in plan.models:
         for phase, needs in mp.needs.items():
             for key, need in needs.items():
-                if key in plan.known or key in reused:
+                if key in known or key in reused:
                     reused.add(key)
                     continue
                 if key in uncovered:
