@@ -10,9 +10,10 @@ profiled model and for a model that was never profiled (all its signatures come 
     .venv/bin/python bench/bench_profile.py --db /tmp/dooly_bench.db --skip-validate --shapes     # shape model
 
 ``--realistic`` prices the models users profile together (dooly.zoo.REALISTIC_GROUPS) and the whole zoo:
-signature and grid-point counts (from tracing alone, no timing) and device-seconds, measured for the
+signature and grid-point counts (from tracing alone, no timing: exact) and device-seconds, measured for the
 signatures this DB holds and estimated at the DB's mean cost per point for the rest (the share estimated is
-printed), with exact reuse and with the shape model predicting all but ``--budget`` signatures per model.
+printed; a large model's point costs more than the small models' mean, so its estimate is low), with exact
+reuse and with the shape model predicting all but ``--budget`` signatures per model.
 ``--shapes`` validates, on the same held-out real forwards: each profiled model with its full profile, with
 zero new points (held out of every fit), and with its budget replayed (only the ``--budget`` least certain of
 its own signatures measured); and configs outside the zoo (OUTSIDE) that were never profiled, with zero new
@@ -51,25 +52,12 @@ def reused_only_config() -> dict:
     return cfg
 
 
-#: Configs outside the zoo, as a user would write them (config.json fields): new hidden sizes, head counts,
-#: vocabularies; another positional scheme (GPT-NeoX: partial rotary, fused QKV, parallel residual, GELU).
+#: Configs outside the zoo, as a user would write them (config.json fields, in bench/configs/): new hidden
+#: sizes, head counts and vocabularies (llama-640, qwen2-768 with QKV biases), and another positional scheme
+#: (neox-512: GPT-NeoX's partial rotary, fused QKV, parallel residual, GELU).
 OUTSIDE: dict[str, dict] = {
-    "llama-640": {
-        "model_type": "llama", "hidden_size": 640, "intermediate_size": 1728, "num_hidden_layers": 8,
-        "num_attention_heads": 10, "num_key_value_heads": 5, "vocab_size": 32000, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "_name_or_path": "llama-640",
-    },
-    "qwen2-768": {
-        "model_type": "qwen2", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 6,
-        "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 40000, "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True, "_name_or_path": "qwen2-768",
-    },
-    "neox-512": {
-        "model_type": "gpt_neox", "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 6,
-        "num_attention_heads": 8, "rotary_pct": 0.25, "use_parallel_residual": True, "hidden_act": "gelu",
-        "vocab_size": 50304, "max_position_embeddings": 2048, "layer_norm_eps": 1e-5, "_name_or_path": "neox-512",
-    },
-}  # fmt: skip
+    p.stem: json.loads(p.read_text()) for p in sorted((Path(__file__).parent / "configs").glob("*.json"))
+}
 
 
 def point_counts(plan) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-def]
@@ -96,12 +84,15 @@ def realistic(store, engine, threads: int, budget: int) -> None:  # type: ignore
         measure = set(tr.uncovered) | set(tr.least_certain(budget * len(plan.models)))
         predicted = set(tr.covered) - measure
         sv_shape = savings(plan, store, predicted)
+        shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
         print(f"{label} ({', '.join(models)}):")
-        print(f"  signatures {alone_n} each alone vs {with_n} with reuse ({100 * (1 - with_n / alone_n):.1f}% saved); "
-              f"grid points {alone_p} vs {with_p} ({100 * (1 - with_p / alone_p):.1f}% saved)  [counts, no timing]")
-        print(f"  exact reuse: {sv.describe()}")
-        print(f"  + shape model, --budget {budget}/model: {sv_shape.describe()}; {len(tr.uncovered)} signatures of "
-              f"kinds never profiled here measured")  # fmt: skip
+        print(f"  counts (tracing only, no timing): signatures {alone_n} each alone vs {with_n} with reuse "
+              f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
+              f"({100 * (1 - with_p / alone_p):.1f}% saved); + shape model, --budget {budget}/model: "
+              f"{shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% saved)")  # fmt: skip
+        print(f"  device-s, exact reuse: {sv.describe()}")
+        print(f"  device-s, + shape model, --budget {budget}/model: {sv_shape.describe()}; {len(tr.uncovered)} "
+              f"signatures of kinds never profiled here measured")  # fmt: skip
 
 
 def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]

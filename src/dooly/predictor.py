@@ -315,7 +315,8 @@ class Predictor:
                 method = choose_method({k: v for k, v in pts.items() if k not in held})
             pred = cls(name, traces, pts_model, method)
             pred.shape_predicted = fills
-            pred.overhead = fit_overhead(store, ctx, engine, pts, method, own=None if holdout else name,
+            # with the shape model's points: a --budget profile's own calibration forwards ran every signature
+            pred.overhead = fit_overhead(store, ctx, engine, pts_model, method, own=None if holdout else name,
                                          exclude=name if holdout else None)  # fmt: skip
         return pred
 

@@ -173,3 +173,11 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     assert "(exact reuse + shape)" in text
     shaped = re.search(r"profile: .*?from shape alone: prefill (\d+) of \d+, decode (\d+) of", text)
     assert shaped and int(shaped[1]) + int(shaped[2]) == 3, text
+    # zero new points: every signature only tiny-b needs is held out of the DB and of the fit, even if measured
+    from dooly.engines import get_engine
+    from dooly.predictor import Predictor
+
+    held = Predictor.for_model(str(b), db, get_engine(), threads=1, method="interp", holdout=True, strict=False)
+    predicted = {f.signature.op for fills in held.shape_predicted.values() for f in fills}
+    assert predicted == {"aten.linear.default"}
+    assert sum(len(f) for f in held.shape_predicted.values()) == 4  # tiny-b's four own linears, one measured
