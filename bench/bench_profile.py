@@ -109,7 +109,15 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
     from dooly.predictor import own_signatures
     from dooly.profiler import context_for, model_traces
     from dooly.profiler.budget import triage
+    from dooly.shape_model import ShapeModel, signatures_of
 
+    with ProfileStore(store_path, readonly=True) as store:
+        ctx = context_for(engine, threads)
+        pts = {k: [(p, m.median_s) for p, m in v] for k, v in store.all_points(ctx).items()}
+        sm = ShapeModel.fit(signatures_of(store, ctx, pts), pts)
+    loso = [km.loso_mape for km in sm.kinds.values() if km.n_signatures > 1]
+    print(f"SHAPE MODEL on {len(pts)} profiled signatures: {len(sm.kinds)} kinds; leave-one-signature-out error "
+          f"per kind median {np.median(loso):.1f}% (max {np.max(loso):.1f}%)")  # fmt: skip
     targets = [(m, resolve_model(m)[1]) for m in models] + [(None, cfg) for cfg in OUTSIDE.values()]
     if profile_outside:  # profiled like any model, so their exact figure stands beside the zero-new-points one
         with ProfileStore(store_path) as store:
