@@ -6,6 +6,18 @@ profiled model and for a model that was never profiled (all its signatures come 
 
     .venv/bin/python bench/bench_profile.py --db /tmp/dooly_bench.db          # resumable; rerun to continue
     .venv/bin/python bench/bench_profile.py --db /tmp/dooly_bench.db --zoo    # + point-count savings, whole zoo
+    .venv/bin/python bench/bench_profile.py --db /tmp/dooly_bench.db --skip-validate --realistic  # groups + zoo
+    .venv/bin/python bench/bench_profile.py --db /tmp/dooly_bench.db --skip-validate --shapes     # shape model
+
+``--realistic`` prices the models users profile together (dooly.zoo.REALISTIC_GROUPS) and the whole zoo:
+signature and grid-point counts (from tracing alone, no timing: exact) and device-seconds, measured for the
+signatures this DB holds and estimated at the DB's mean cost per point for the rest (the share estimated is
+printed; a large model's point costs more than the small models' mean, so its estimate is low), with exact
+reuse and with the shape model predicting all but ``--budget`` signatures per model.
+``--shapes`` validates, on the same held-out real forwards: each profiled model with its full profile, with
+zero new points (held out of every fit), and with its budget replayed (only the ``--budget`` least certain of
+its own signatures measured); and configs outside the zoo (OUTSIDE) that were never profiled, with zero new
+points where the shape model covers every operator kind, else after profiling only the uncovered kinds.
 
 Timing uses one torch thread and, on the CPU, the thread-CPU clock (see dooly.profiler.default_clock): on a
 shared machine wall time mostly measures the other tenants.
@@ -40,6 +52,121 @@ def reused_only_config() -> dict:
     return cfg
 
 
+#: Configs outside the zoo, as a user would write them (config.json fields, in bench/configs/): new hidden
+#: sizes, head counts and vocabularies (llama-640, qwen2-768 with QKV biases), and another positional scheme
+#: (neox-512: GPT-NeoX's partial rotary, fused QKV, parallel residual, GELU).
+OUTSIDE: dict[str, dict] = {
+    p.stem: json.loads(p.read_text()) for p in sorted((Path(__file__).parent / "configs").glob("*.json"))
+}
+
+
+def point_counts(plan) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-def]
+    """(signatures each alone, signatures with reuse, grid points each alone, grid points with reuse)."""
+    per_model = [{k for needs in mp.needs.values() for k in needs} for mp in plan.models]
+    union = set().union(*per_model)
+    return (sum(map(len, per_model)), len(union), sum(plan.grid_size[k] for m in per_model for k in m),
+            sum(plan.grid_size[k] for k in union))  # fmt: skip
+
+
+def realistic(store, engine, threads: int, budget: int) -> None:  # type: ignore[no-untyped-def]
+    """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo."""
+    from dooly.profiler.budget import triage
+    from dooly.zoo import REALISTIC_GROUPS, list_models, realistic_list
+
+    lists = {f"group {g}": ms for g, ms in REALISTIC_GROUPS.items()}
+    lists["REALISTIC LIST"] = realistic_list()
+    lists["WHOLE ZOO"] = [m.name for m in list_models()]
+    for label, models in lists.items():
+        plan = make_plan(models, store, engine, threads=threads)
+        alone_n, with_n, alone_p, with_p = point_counts(plan)
+        sv = savings(plan, store)
+        tr = triage(plan, store)
+        measure = set(tr.uncovered) | set(tr.least_certain(budget * len(plan.models)))
+        predicted = set(tr.covered) - measure
+        sv_shape = savings(plan, store, predicted)
+        shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
+        print(f"{label} ({', '.join(models)}):")
+        print(f"  counts (tracing only, no timing): signatures {alone_n} each alone vs {with_n} with reuse "
+              f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
+              f"({100 * (1 - with_p / alone_p):.1f}% saved); + shape model, --budget {budget}/model: "
+              f"{shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% saved)")  # fmt: skip
+        print(f"  device-s, exact reuse: {sv.describe()}")
+        print(f"  device-s, + shape model, --budget {budget}/model: {sv_shape.describe()}; {len(tr.uncovered)} "
+              f"signatures of kinds never profiled here measured")  # fmt: skip
+
+
+def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    scored = [dataclasses.replace(r, predicted_s=x) for r, x in zip(rows, preds, strict=True)]
+    return {ph: phase_mape(scored, ph) for ph in ("prefill", "decode")}
+
+
+def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budget: int,  # type: ignore[no-untyped-def]
+           profile_outside: bool = False) -> None:
+    """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
+    from dooly.errors import DoolyError
+    from dooly.predictor import own_signatures
+    from dooly.profiler import context_for, model_traces
+    from dooly.profiler.budget import triage
+    from dooly.shape_model import ShapeModel, signatures_of
+
+    with ProfileStore(store_path, readonly=True) as store:
+        ctx = context_for(engine, threads)
+        pts = {k: [(p, m.median_s) for p, m in v] for k, v in store.all_points(ctx).items()}
+        sm = ShapeModel.fit(signatures_of(store, ctx, pts), pts)
+    loso = [km.loso_mape for km in sm.kinds.values() if km.n_signatures > 1]
+    print(f"SHAPE MODEL on {len(pts)} profiled signatures: {len(sm.kinds)} kinds; leave-one-signature-out error "
+          f"per kind median {np.median(loso):.1f}% (max {np.max(loso):.1f}%)")  # fmt: skip
+    targets = [(m, resolve_model(m)[1]) for m in models] + [(None, cfg) for cfg in OUTSIDE.values()]
+    if profile_outside:  # profiled like any model, so their exact figure stands beside the zero-new-points one
+        with ProfileStore(store_path) as store:
+            plan = make_plan(list(OUTSIDE.values()), store, engine, threads=threads)
+            print(f"profiling OUTSIDE: {plan.todo_points} points; {run_plan(plan, store, engine, threads=threads)}")
+            for cfg in OUTSIDE.values():
+                calibrate(cfg["_name_or_path"], cfg, store, engine, plan.ctx, threads=threads)
+    for m, cfg in targets:
+        name = m or cfg["_name_or_path"]
+        preds: dict[str, Predictor] = {}
+        for label, kw in (("exact", {}), ("zero new points", {"holdout": True})):
+            try:
+                preds[label] = Predictor.for_model(m or cfg, store_path, engine, threads=threads, **kw)
+            except DoolyError as exc:
+                print(f"  {name}: no {label} figure: {exc}")
+        if "exact" in preds:  # replay --budget: only the least certain of its own signatures measured
+            with ProfileStore(store_path, readonly=True) as store:
+                ctx = context_for(engine, threads)
+                own = own_signatures(store, ctx, name, model_traces(name, cfg, engine, store))
+                plan = make_plan([m or cfg], store, engine, threads=threads)
+                tr = triage(plan, store, hidden=own)
+                unmeasured = set(tr.covered) - set(tr.least_certain(budget))
+            preds[f"budget {budget}"] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
+                                                             unmeasured=unmeasured)  # fmt: skip
+        if not preds:  # kinds never profiled here: measure only those (--budget 0), predict the rest from shape
+            with ProfileStore(store_path) as store:
+                plan = make_plan([m or cfg], store, engine, threads=threads)
+                tr = triage(plan, store)
+                plan = plan.without(set(tr.covered))
+                print(f"  {name}: measuring {len(tr.uncovered)} signatures of uncovered kinds "
+                      f"({plan.todo_points} points), {len(tr.covered)} from shape")  # fmt: skip
+                run_plan(plan, store, engine, threads=threads)
+            label = "budget 0 (uncovered kinds measured)"
+            preds[label] = Predictor.for_model(m or cfg, store_path, engine, threads=threads, shape=True)
+        first = next(iter(preds.values()))
+        with ProfileStore(store_path) as store:  # held-out measurements are kept: a rerun re-scores them
+            rows = validate_model(first, cfg, engine, threads=threads, repeats=repeats, store=store)
+        parts = []
+        for label, p in preds.items():
+            mape = score(rows, [p.forward_latency(r.phase, r.values) for r in rows])
+            n_shape = sum(len(f) for f in p.shape_predicted.values())
+            n_all = sum(len(tr.unique()) for tr in p.traces.values())
+            share = np.mean([p.shape_share(r.phase, r.values)[0] for r in rows])
+            parts.append(f"{label}: prefill {mape['prefill']:.1f}% decode {mape['decode']:.1f}% "
+                         f"({n_shape}/{n_all} signatures, {100 * share:.0f}% of op time from shape)")  # fmt: skip
+        print(f"SHAPES {name}: " + "; ".join(parts) + f"; noise floor prefill {round_spread(rows, 'prefill'):.1f}% "
+              f"decode {round_spread(rows, 'decode'):.1f}%", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="/tmp/dooly_bench.db")
@@ -50,10 +177,24 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7, help="timed forwards per held-out shape (median)")
     ap.add_argument("--validate", nargs="*", default=None, help="validate only these models (default: all)")
     ap.add_argument("--no-reused", action="store_true", help="skip the never-profiled model's validation")
+    ap.add_argument("--realistic", action="store_true", help="savings over the realistic groups and the zoo")
+    ap.add_argument("--shapes", action="store_true", help="exact vs zero-new-points vs budget MAPE, OUTSIDE configs")
+    ap.add_argument("--budget", type=int, default=10, help="signatures measured per model beyond uncovered kinds")
+    ap.add_argument("--no-profile", action="store_true", help="do not profile --models first (use the DB as it is)")
+    ap.add_argument("--profile-outside", action="store_true", help="with --shapes: profile the OUTSIDE configs too")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = get_engine()
     print(f"clock: {default_clock('cpu', args.threads)}; threads {args.threads}; db {args.db}")
+
+    if args.no_profile:
+        with ProfileStore(args.db) as store:
+            if args.realistic:
+                realistic(store, engine, args.threads, args.budget)
+        if args.shapes:
+            shapes(args.db, engine, args.threads, args.repeats, args.validate or args.models, args.budget,
+                   args.profile_outside)
+        return
 
     with ProfileStore(args.db) as store:
         t0 = time.perf_counter()
@@ -103,6 +244,13 @@ def main() -> None:
                   f"measurements prefill {round_spread(rows, 'prefill'):.1f}%  "
                   f"decode {round_spread(rows, 'decode'):.1f}%",
                   flush=True)  # fmt: skip
+
+    if args.realistic:
+        with ProfileStore(args.db) as store:
+            realistic(store, engine, args.threads, args.budget)
+    if args.shapes:
+        shapes(args.db, engine, args.threads, args.repeats, args.validate or args.models, args.budget,
+                   args.profile_outside)
 
     if args.zoo:
         from dooly.zoo import list_models

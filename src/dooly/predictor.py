@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,6 +250,8 @@ class Predictor:
                 groups.append((g, np.array([m for *_, m in members], dtype=np.float64)))
             self._groups[phase] = groups
         self._memo: dict[object, float] = {}
+        # filled by for_model(shape=True): per phase, the signatures predicted from shape alone (never measured)
+        self.shape_predicted: dict[str, list[ShapeFill]] = {}
 
     # -- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -262,12 +264,22 @@ class Predictor:
         threads: int | None = None,
         method: str = "auto",
         strict: bool = True,
+        shape: bool = False,
+        holdout: bool = False,
+        unmeasured: Collection[str] = (),
     ) -> Predictor:
         """A predictor for ``model`` (zoo name, config path or dict) from the profile DB at ``db_path``.
 
         ``method``: ``interp``, ``forest`` or ``auto`` (whichever had the lower held-out error on this DB).
         ``strict``: refuse when a signature of the model is not completely profiled (else a missing one counts
         as zero and a partial grid is filled from its nearest measured points).
+        ``shape``: predict a signature without a complete profile from the shape model of its operator kind
+        (:mod:`dooly.shape_model`; listed in ``shape_predicted``); one whose kind has no model is still missing.
+        ``holdout``: predict the model as if it had never been profiled (zero new points): the signatures no
+        other profiled model needs are left out of the DB and of the shape fit, and the model's calibration
+        forwards out of the overhead fit. Implies ``shape``.
+        ``unmeasured``: signatures treated as never profiled (what ``dooly profile --budget`` would have left
+        to the shape model), predicted from shape. Implies ``shape``.
         """
         from dooly.engines import get_engine
         from dooly.profiler import context_for, default_threads, model_traces
@@ -283,14 +295,44 @@ class Predictor:
             ctx = context_for(engine, threads)  # type: ignore[arg-type]
             traces = model_traces(name, cfg, engine, store)  # type: ignore[arg-type]
             raw = store.all_points(ctx)
-            if strict:
-                _require_complete(traces, raw, store.complete_keys(ctx), name, model, db_path, ctx.hardware)
+            complete = store.complete_keys(ctx)
             pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
+            fills: dict[str, list[ShapeFill]] = {}
+            held = set(unmeasured)
+            if holdout:
+                held |= own_signatures(store, ctx, name, traces)
+            shape = shape or bool(held) or holdout
+            if shape:
+                measured = {k: v for k, v in pts.items() if k in complete and k not in held}
+                fills, synth = shape_fill(traces, measured, store, ctx, cfg, held)
+                pts_model = {**{k: v for k, v in pts.items() if k not in held}, **synth}
+                complete = (complete - held) | set(synth)
+            else:
+                pts_model = pts
+            if strict:
+                _require_complete(traces, pts_model, complete, name, model, db_path, ctx.hardware)
             if method == "auto":
-                method = choose_method(pts)
-            pred = cls(name, traces, pts, method)
-            pred.overhead = fit_overhead(store, ctx, engine, pts, method, own=name)
+                method = choose_method({k: v for k, v in pts.items() if k not in held})
+            pred = cls(name, traces, pts_model, method)
+            pred.shape_predicted = fills
+            # with the shape model's points: a --budget profile's own calibration forwards ran every signature
+            pred.overhead = fit_overhead(store, ctx, engine, pts_model, method, own=None if holdout else name,
+                                         exclude=name if holdout else None)  # fmt: skip
         return pred
+
+    def shape_share(self, phase: str, values: Mapping[str, int]) -> tuple[float, float]:
+        """Of the operator time at ``values``: the share predicted from shape alone, and its uncertainty
+        relative to the whole (each shape-predicted signature's interval, summed as if fully correlated)."""
+        fills = self.shape_predicted.get(phase, [])
+        if not fills:
+            return 0.0, 0.0
+        total = self.ops_latency(phase, values)
+        shaped = unc = 0.0
+        for f in fills:
+            t = f.mult * float(f.model(values))
+            shaped += t
+            unc += t * f.rel_uncertainty
+        return shaped / total, unc / total
 
     # -- prediction ---------------------------------------------------------------------------------------
     def ops_latency(self, phase: str, values: Mapping[str, int]) -> float:
@@ -365,12 +407,13 @@ def method_errors(
     return out
 
 
-def fit_overhead(store, ctx, engine, pts, method, own: str | None = None) -> OverheadModel:  # type: ignore[no-untyped-def]
+def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclude: str | None = None) -> OverheadModel:  # type: ignore[no-untyped-def]
     """Fit the framework overhead from the real forwards stored under ``ctx``.
 
     A model with calibration forwards of its own (``own``) is fitted on those alone: the Python cost around
     each op differs between architectures (module layout, norms, biases). A model never run on this machine
-    gets the fit over every model in the DB.
+    gets the fit over every model in the DB (``exclude``: a model whose forwards are left out, to predict it
+    as if it had never run here).
     """
     from dooly.profiler import model_traces
 
@@ -378,6 +421,8 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None) -> Ove
     by_model: dict[str, Predictor] = {}
     for model, phase, values, m in store.forwards(ctx):
         if "#holdout" in model:  # validation measurements never train the predictor
+            continue
+        if exclude is not None and model.split("#")[0] == exclude:
             continue
         if model not in by_model:
             base = model.split("#")[0]  # "<name>#round2": another calibration round of the same model
@@ -392,6 +437,56 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None) -> Ove
     if {r[0] for r in own_rows} == {"prefill", "decode"}:
         return OverheadModel.fit(own_rows)
     return OverheadModel.fit(rows) if rows else OverheadModel()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Signatures predicted from shape alone (dooly.shape_model)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShapeFill:
+    """One signature of a pass predicted from the shape model of its kind, never measured."""
+
+    key: str
+    signature: object
+    mult: int
+    model: SignatureModel  # interpolates the shape model's figures on the grid it would have been profiled on
+    rel_uncertainty: float  # exp(sigma) - 1 of the kind's leave-one-signature-out spread, leverage included
+
+
+def own_signatures(store, ctx, name: str, traces: Mapping[str, object]) -> set[str]:  # type: ignore[no-untyped-def]
+    """The signatures of ``name`` that no other model profiled into the DB needs: what profiling it added."""
+    from dooly.profiler.savings import profiled_models
+
+    others = {k for m in profiled_models(store, ctx) if m.name != name for k in m.points}
+    return {s.key for tr in traces.values() for s in tr.unique()} - others  # type: ignore[attr-defined]
+
+
+def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignore[no-untyped-def]
+    """Shape-model points for every signature of ``traces`` not in ``measured``, on the default grid within the
+    model's positions: ``({phase: [ShapeFill]}, {key: [(values, seconds)]})``. The shape model is fitted on
+    ``measured`` less ``exclude``; a signature whose kind it does not cover is left out (still missing)."""
+    from dooly.profiler.plan import GridSpec
+    from dooly.shape_model import ShapeModel, signatures_of
+    from dooly.zoo import max_positions
+
+    model = ShapeModel.fit(signatures_of(store, ctx, measured), measured, exclude)
+    grid = GridSpec().within(max_positions(config))
+    fills: dict[str, list[ShapeFill]] = {}
+    synth: dict[str, list[tuple[dict[str, int], float]]] = {}
+    for phase, tr in traces.items():
+        for sig, mult in tr.unique().items():
+            if sig.key in measured or not model.covers(sig):
+                continue
+            syms = tuple(sorted(sig.symbols()))
+            grid_pts = grid.signature_points(phase, syms)
+            pred = model.predict(sig, grid_pts)
+            synth[sig.key] = [(p, float(t)) for p, t in zip(grid_pts, pred.seconds, strict=True)]
+            fills.setdefault(phase, []).append(
+                ShapeFill(sig.key, sig, mult, SignatureModel(syms, synth[sig.key]), pred.rel_uncertainty)
+            )
+    return fills, synth
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -143,3 +143,41 @@ def test_validate_suggests_a_profile_command_that_works(configs) -> None:
     argv = shlex.split(hint.group(1))
     assert argv == ["dooly", "profile", str(a), "--db", str(db)]
     assert resolve_model(argv[2])[0] == "tiny-a"  # the model argument resolves (the file stem would not)
+
+
+def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> None:
+    """tiny-b differs from tiny-a only in its MLP width: its four new linears are predictable from tiny-a's (six
+    linears profiled), its silu is not (a kind with one profiled signature has no model)."""
+    db, a, b = configs
+    monkeypatch.setenv("DOOLY_THREADS", "1")
+    res = runner.invoke(app, ["profile", str(a), "--db", str(db), "--grid", "tiny", "--no-calibrate"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget", "1"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    found = re.search(r"(\d+) reused exactly from the DB; (\d+) new: (\d+) predictable from shape alone.*?(\d+) of "
+                      r"kinds never profiled here", text)  # fmt: skip
+    assert found, text
+    reused, new, covered, uncovered = map(int, found.groups())
+    assert (new, covered, uncovered) == (5, 4, 1) and reused > 0
+    assert "--budget 1: measure 2 signatures (1 uncovered + 1 least certain), predict 3 from shape" in text
+    res = runner.invoke(app, ["profile", str(b), "--db", str(db), "--grid", "tiny", "--no-calibrate", "--budget", "1"])
+    assert res.exit_code == 0, res.output
+    assert "3 signatures left to the shape model" in " ".join(res.output.split())
+    res = runner.invoke(app, ["validate", str(b), "--db", str(db), "--repeats", "1", "--rounds", "1"])
+    assert res.exit_code != 0 and "have no profile" in str(res.exception)
+    res = runner.invoke(app, ["validate", str(b), "--db", str(db), "--repeats", "1", "--rounds", "1", "--shape",
+                              "--method", "interp"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "(exact reuse + shape)" in text
+    shaped = re.search(r"profile: .*?from shape alone: prefill (\d+) of \d+, decode (\d+) of", text)
+    assert shaped and int(shaped[1]) + int(shaped[2]) == 3, text
+    # zero new points: every signature only tiny-b needs is held out of the DB and of the fit, even if measured
+    from dooly.engines import get_engine
+    from dooly.predictor import Predictor
+
+    held = Predictor.for_model(str(b), db, get_engine(), threads=1, method="interp", holdout=True, strict=False)
+    predicted = {f.signature.op for fills in held.shape_predicted.values() for f in fills}
+    assert predicted == {"aten.linear.default"}
+    assert sum(len(f) for f in held.shape_predicted.values()) == 4  # tiny-b's four own linears, one measured

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -23,6 +24,12 @@ _DEVICE = typer.Option("cpu", "--device", help="cpu, cuda or auto.")
 _DTYPE = typer.Option("bfloat16", "--dtype", help="Weight/activation dtype of the engine.")
 _GRID = typer.Option("default", "--grid", help="Request-value grid: default (small models on a CPU) or tiny.")
 _ENGINE = typer.Option(DEFAULT_ENGINE, "--engine", help="Inference engine: hf-eager (default) or vllm.")
+_BUDGET = typer.Option(
+    None, "--budget", min=0,
+    help="Measure at most N of the new signatures the shape model can predict (the least certain first); "
+    "the rest are predicted from shape (validate with --shape). Signatures no shape model covers are always "
+    "measured. Default: measure every new signature.",
+)  # fmt: skip
 
 
 def _setup(device: str, dtype: str, threads: int | None, engine: str = DEFAULT_ENGINE):  # type: ignore[no-untyped-def]
@@ -71,10 +78,10 @@ def _fail_if(failed: list[str]) -> None:
         raise typer.Exit(1)
 
 
-def _print_savings(plan, store) -> None:  # type: ignore[no-untyped-def]
+def _print_savings(plan, store, predicted=()) -> None:  # type: ignore[no-untyped-def]
     from dooly.profiler import savings
 
-    sv = savings(plan, store)
+    sv = savings(plan, store, predicted)
     t = Table(title=f"profiling plan ({plan.ctx.hardware}, {plan.ctx.engine}, {plan.ctx.dtype})")
     for col in ("model", "signatures", "new", "reused (list)", "reused (DB)", "alone s", "with reuse s"):
         t.add_column(col, justify="right" if col != "model" else "left")
@@ -87,6 +94,32 @@ def _print_savings(plan, store) -> None:  # type: ignore[no-untyped-def]
               f"{len(plan.known)} signatures already in the DB")  # fmt: skip
 
 
+def _triage(plan, store, budget: int | None):  # type: ignore[no-untyped-def]
+    """Print what the plan reuses exactly, what it can predict from shape alone and what it must measure;
+    return the signatures left to the shape model under ``budget`` (none without one)."""
+    import numpy as np
+
+    from dooly.profiler.budget import triage
+
+    tr = triage(plan, store)
+    measure = tr.least_certain(budget)
+    predicted = set(tr.covered) - set(measure)
+    new = len(tr.covered) + len(tr.uncovered)
+    shared = sum(1 for k in plan.grid_size if k not in plan.known) - new
+    unc = sorted(tr.rel_uncertainty.values())
+    med = f" (median interval ±{100 * float(np.median(unc)):.0f}%)" if unc else ""
+    out.print(f"signatures: {len(plan.grid_size)} unique over the list; {len(tr.reused)} reused exactly from "
+              f"the DB; {new} new: {len(tr.covered)} predictable from shape alone{med}, {len(tr.uncovered)} of "
+              f"kinds never profiled here (must be measured)")  # fmt: skip
+    if shared:
+        out.print(f"  ({shared} of the new signatures are shared by several models of the list: measured once)")
+    if budget is not None:
+        out.print(f"--budget {budget}: measure {len(tr.uncovered) + len(measure)} signatures "
+                  f"({len(tr.uncovered)} uncovered + {len(measure)} least certain), predict {len(predicted)} "
+                  f"from shape")  # fmt: skip
+    return predicted
+
+
 @app.command("plan")
 def plan_cmd(
     models: list[str] = typer.Argument(..., help="Zoo names, config.json paths or model directories."),
@@ -96,9 +129,11 @@ def plan_cmd(
     dtype: str = _DTYPE,
     grid: str = _GRID,
     engine_name: str = _ENGINE,
+    budget: int | None = _BUDGET,
 ) -> None:
-    """Print what profiling MODELS would measure, what it reuses, and the cost with vs without reuse."""
-    from dooly.profiler import make_plan
+    """Print what profiling MODELS would measure, what it reuses exactly, what it can predict from shape
+    alone, and the cost with vs without reuse."""
+    from dooly.profiler import make_plan, savings
     from dooly.store import ProfileStore
 
     engine, threads = _setup(device, dtype, threads, engine_name)
@@ -108,6 +143,11 @@ def plan_cmd(
         if ok:
             plan = make_plan(ok, store, engine, grid_spec, threads)
             _print_savings(plan, store)
+            predicted = _triage(plan, store, budget)
+            if predicted:
+                left = plan.without(predicted)
+                out.print(f"with --budget {budget}: {len(left.jobs)} jobs, {left.todo_points} points to time")
+                out.print(f"profiling cost with --budget {budget}: {savings(plan, store, predicted).describe()}")
     _fail_if(failed)
 
 
@@ -124,6 +164,7 @@ def profile_cmd(
         True, "--calibrate/--no-calibrate", help="Also time real forwards to fit the framework overhead."
     ),
     engine_name: str = _ENGINE,
+    budget: int | None = _BUDGET,
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
     from dooly.profiler import calibrate, failures, make_plan, run_plan
@@ -137,6 +178,10 @@ def profile_cmd(
         if not models:
             _fail_if(failed)  # inside the store: a DB this run created, with nothing measured, is removed
         plan = make_plan(models, store, engine, grid_spec, threads)
+        predicted: set[str] = set()
+        if budget is not None:
+            predicted = _triage(plan, store, budget)
+            plan = plan.without(predicted)
         total_sigs = len(plan.grid_size)
         err.print(f"{total_sigs} unique signatures; {len(plan.known)} skipped as already in the DB; "
                   f"{len(plan.jobs)} jobs, {plan.todo_points} points to time")  # fmt: skip
@@ -160,7 +205,10 @@ def profile_cmd(
         out.print(f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
                   f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
                   f"calibration forwards {calib:.1f} s")  # fmt: skip
-        _print_savings(plan, store)
+        _print_savings(plan, store, predicted)
+        if predicted:
+            out.print(f"{len(predicted)} signatures left to the shape model (not measured): validate and "
+                      f"predict with `--shape`")  # fmt: skip
     _fail_if(failed)
 
 
@@ -177,11 +225,18 @@ def validate_cmd(
         2, "--rounds", min=1, help="Measure every shape this many times, interleaved; their spread is the noise floor."
     ),
     engine_name: str = _ENGINE,
+    shape: bool = typer.Option(
+        False, "--shape/--no-shape",
+        help="Predict signatures without a complete profile from the shape model of their operator kind "
+        "(after `dooly profile --budget`, or for a model never profiled).",
+    ),  # fmt: skip
 ) -> None:
     """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase.
 
     Beside the MAPE it prints the run-to-run spread: how far two rounds of measuring the same shapes land
-    apart on this machine. A prediction cannot agree with a measurement better than that.
+    apart on this machine. A prediction cannot agree with a measurement better than that. Beside the
+    profile's own figure it prints the "zero new points" one: the model predicted as if it had never been
+    profiled (signatures no other model needs, and its calibration forwards, left out of every fit).
     """
     from dooly.errors import DoolyError
     from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
@@ -202,20 +257,49 @@ def validate_cmd(
 
             out.print(f"held-out grid-line MAPE: interp {100 * np.mean(errs['interp']):.1f}%, "
                       f"forest {100 * np.mean(errs['forest']):.1f}%")  # fmt: skip
-    pred = Predictor.for_model(model, db, engine, threads=threads, method=method)
-    own = pred.overhead.n_fit
-    err.print(f"predictor: {pred.method}; overhead fitted on {own} stored forwards; measuring {name}")
+    predictors = {}
+    failed: dict[str, DoolyError] = {}
+    for label, kw in (("profile", {"shape": shape}), ("zero new points", {"holdout": True})):
+        try:
+            predictors[label] = Predictor.for_model(model, db, engine, threads=threads, method=method, **kw)
+        except DoolyError as exc:
+            failed[label] = exc
+    if "profile" in failed and not predictors:
+        raise failed["profile"]
+    for label, exc in failed.items():
+        err.print(f"no {label} figure: {exc}", highlight=False, soft_wrap=True)
+    pred = next(iter(predictors.values()))
+    for label, p in predictors.items():
+        n_shape = {ph: len(f) for ph, f in p.shape_predicted.items()}
+        total = {ph: len(tr.unique()) for ph, tr in p.traces.items()}
+        shaped = ", ".join(f"{ph} {n_shape.get(ph, 0)} of {total[ph]}" for ph in total)
+        err.print(f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
+                  f"signatures predicted from shape alone: {shaped}")  # fmt: skip
+    err.print(f"measuring {name}")
     rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats, rounds=rounds)
+    others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
-    for col in ("phase", "shape", "measured ms", "rounds ms", "predicted ms", "error %"):
+    cols = ["phase", "shape", "measured ms", "rounds ms"]
+    for label in predictors:
+        cols += [f"{label} ms", f"{label} err %"]
+    cols.append("from shape % (±)")
+    for col in cols:
         t.add_column(col, justify="left" if col in ("phase", "shape") else "right")
-    for r in rows:
-        shape = " ".join(f"{k}={v}" for k, v in r.values.items())
-        t.add_row(r.phase, shape, f"{r.measured_s * 1e3:.2f}", " / ".join(f"{x * 1e3:.1f}" for x in r.rounds_s),
-                  f"{r.predicted_s * 1e3:.2f}", f"{r.error * 100:.1f}")  # fmt: skip
+    for i, r in enumerate(rows):
+        cells = [r.phase, " ".join(f"{k}={v}" for k, v in r.values.items()), f"{r.measured_s * 1e3:.2f}",
+                 " / ".join(f"{x * 1e3:.1f}" for x in r.rounds_s)]  # fmt: skip
+        for label in predictors:
+            x = others[label][i]
+            cells += [f"{x * 1e3:.2f}", f"{100 * abs(x - r.measured_s) / r.measured_s:.1f}"]
+        share, unc = predictors.get("zero new points", pred).shape_share(r.phase, r.values)
+        cells.append(f"{100 * share:.0f} (±{100 * unc:.0f})")
+        t.add_row(*cells)
     out.print(t)
-    out.print(f"MAPE prefill {phase_mape(rows, 'prefill'):.1f}%  decode {phase_mape(rows, 'decode'):.1f}%  "
-              f"all {phase_mape(rows):.1f}%")  # fmt: skip
+    for label, preds in others.items():
+        scored = [dataclasses.replace(r, predicted_s=x) for r, x in zip(rows, preds, strict=True)]
+        what = {"profile": "(exact reuse" + (" + shape)" if shape else ")"), "zero new points": "(zero new points)"}
+        out.print(f"MAPE prefill {phase_mape(scored, 'prefill'):.1f}%  decode {phase_mape(scored, 'decode'):.1f}%  "
+                  f"all {phase_mape(scored):.1f}%  {what[label]}")  # fmt: skip
     if rounds > 1:
         out.print(f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
                   f"decode {round_spread(rows, 'decode'):.1f}%  all {round_spread(rows):.1f}%")  # fmt: skip

@@ -131,6 +131,16 @@ class Plan:
     def todo_points(self) -> int:
         return sum(len(j.items) for j in self.jobs)
 
+    def without(self, keys: Iterable[str]) -> Plan:
+        """This plan with the given signatures left unmeasured (``--budget``: predicted from shape instead)."""
+        drop = set(keys)
+        jobs = []
+        for j in self.jobs:
+            items = tuple(it for it in j.items if it[0] not in drop)
+            if items:
+                jobs.append(Job(j.model, j.config, j.phase, j.shape, j.num_layers, items))
+        return Plan(self.ctx, self.grid, self.models, self.owner, self.known, jobs, self.grid_size)
+
 
 def _first_layers(trace: ModelTrace) -> dict[Signature, int | None]:
     out: dict[Signature, int | None] = {}

@@ -46,6 +46,7 @@ class Savings:
     without_reuse_s: float
     measured_share: float  # share of the signature costs that are measured (the rest estimated from the grid)
     in_db_s: float = 0.0  # of with_reuse_s: signatures already complete in the DB, which this run does not measure
+    shape_predicted: int = 0  # signatures left to the shape model (``--budget``): not measured, priced at zero
 
     @property
     def saved_pct(self) -> float:
@@ -56,6 +57,8 @@ class Savings:
         est = ""
         if self.measured_share < 0.999:
             est = f" ({100 * (1 - self.measured_share):.0f}% of signatures estimated)"
+        if self.shape_predicted:
+            est += f" ({self.shape_predicted} signatures predicted from shape, not measured)"
         in_db = ""
         if self.in_db_s > 0:
             in_db = f"; {self.in_db_s:.1f} device-s of it already in the DB, so this run measures " \
@@ -68,11 +71,18 @@ class Savings:
 
 
 def savings_of(
-    models: Sequence[ModelSignatures], store: ProfileStore, ctx: ProfileContext, known: Collection[str] = ()
+    models: Sequence[ModelSignatures],
+    store: ProfileStore,
+    ctx: ProfileContext,
+    known: Collection[str] = (),
+    predicted: Collection[str] = (),
 ) -> Savings:
     """Profiling cost of ``models`` in this order with cross-model reuse vs each alone (``known``: signatures
     complete in the DB before the run: priced like the rest, so the figure does not depend on what an earlier
-    run measured, and reported per model and as ``in_db_s``, what this run does not measure again)."""
+    run measured, and reported per model and as ``in_db_s``, what this run does not measure again;
+    ``predicted``: signatures left to the shape model, which cost nothing with reuse but their full price
+    alone)."""
+    predicted = set(predicted)
     measured = store.signature_costs(ctx)
     n_pts = sum(len(store.done_points(ctx, k)) for k in measured)
     point_cost = sum(measured.values()) / n_pts if n_pts else 0.05
@@ -90,7 +100,7 @@ def savings_of(
             ModelCost(
                 m.name, len(keys), len(fresh - set(known)), len(keys & seen), len(fresh & set(known)),
                 sum(cost(k, n) for k, n in m.points.items()),
-                sum(cost(k, n) for k, n in m.points.items() if k in fresh),  # same order: alone == marginal exactly
+                sum(cost(k, n) for k, n in m.points.items() if k in fresh and k not in predicted),
             )
         )  # fmt: skip
         n_meas += sum(1 for k in fresh if k in measured)
@@ -100,7 +110,7 @@ def savings_of(
     without = sum(r.alone_s for r in rows)
     points = {k: n for m in models for k, n in m.points.items()}
     in_db = sum(cost(k, points[k]) for k in seen & set(known))
-    return Savings(rows, with_reuse, without, n_meas / n_all if n_all else 1.0, in_db)
+    return Savings(rows, with_reuse, without, n_meas / n_all if n_all else 1.0, in_db, len(predicted & seen))
 
 
 def _signatures(plan: Plan) -> list[ModelSignatures]:
@@ -111,9 +121,9 @@ def _signatures(plan: Plan) -> list[ModelSignatures]:
     return out
 
 
-def savings(plan: Plan, store: ProfileStore) -> Savings:
-    """The plan's models, in the plan's order."""
-    return savings_of(_signatures(plan), store, plan.ctx, plan.known)
+def savings(plan: Plan, store: ProfileStore, predicted: Collection[str] = ()) -> Savings:
+    """The plan's models, in the plan's order (``predicted``: signatures left to the shape model)."""
+    return savings_of(_signatures(plan), store, plan.ctx, plan.known, predicted)
 
 
 def _context_label(ctx: ProfileContext) -> str:

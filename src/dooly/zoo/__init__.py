@@ -129,4 +129,24 @@ def max_positions(config: Mapping[str, Any]) -> int | None:
     return min(limits) if limits else None
 
 
-__all__ = ["ModelConfig", "list_models", "load_config", "max_positions", "num_layers", "resolve_model"]
+#: Models a user profiles together in practice: the sizes of one family (one serving team evaluates all of
+#: them on its hardware), or a dense model with its mixture-of-experts sibling (Mistral 7B / Mixtral 8x7B
+#: share attention). Fine-tunes are not listed: a fine-tune keeps its base model's config.json, so every
+#: signature is reused exactly and it adds nothing to profile (listing them would only inflate the saving).
+#: Models without a sibling in the zoo (gemma-2-2b, phi-3-mini-4k, qwen1.5-moe-a2.7b) are profiled alone.
+REALISTIC_GROUPS: dict[str, list[str]] = {
+    "smollm2": ["smollm2-135m", "smollm2-360m", "smollm2-1.7b"],
+    "qwen2.5": ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"],
+    "llama-3": ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"],
+    "opt": ["opt-125m", "opt-1.3b"],
+    "mistral": ["mistral-7b-v0.1", "mixtral-8x7b"],
+}
+
+
+def realistic_list() -> list[str]:
+    """The models of :data:`REALISTIC_GROUPS`, group by group, smallest first within a group."""
+    return [m for group in REALISTIC_GROUPS.values() for m in group]
+
+
+__all__ = ["REALISTIC_GROUPS", "ModelConfig", "list_models", "load_config", "max_positions", "num_layers",
+           "realistic_list", "resolve_model"]  # fmt: skip

@@ -1,0 +1,276 @@
+"""Shape-generic operator models: the latency of a signature never profiled, from its shapes alone.
+
+Every point in the profile DB is one operator at one concrete shape. Per operator **kind** (engine, aten
+overload, input dtypes and ranks, the non-numeric arguments such as a causal flag) the points of all
+signatures of that kind are pooled and one small model is fitted over shape-derived work measures:
+
+* ``flops``: ``2·M·N·K`` (times the batch) for a matmul or linear, ``4·B·H·L·S·D`` for attention, the element count
+  for everything else;
+* ``bytes``: what the call reads and writes (inputs, plus the output as large as the largest input, or a
+  matmul's ``M·N``);
+* ``tasks``: attention's batch x heads (its kernels split the work per sequence and head, each with a fixed
+  cost); zero for every other op;
+
+Two forms are fitted, each with numpy least squares, and the one with the lower leave-one-signature-out
+error is kept per kind:
+
+* ``roofline``: ``t = c0 + c1·flops + c2·bytes + c3·tasks`` with non-negative coefficients, fitted in relative error
+  (a fixed launch cost plus a compute and a memory rate);
+* ``loglog``: ``log t = a + b·log(1 + flops) + c·log(1 + bytes) + d·log(1 + tasks)`` (efficiency that
+  changes with size).
+
+**Uncertainty.** Each kind keeps the spread of its leave-one-signature-out residuals (``sigma``: RMS of the
+log error when each signature is predicted by a fit that never saw it), widened for a signature whose
+shapes lie outside the fitted ones by the leverage of its points in log-feature space: a prediction
+interval ``exp(± sigma · sqrt(1 + h))``. A kind with fewer than :data:`MIN_SIGNATURES` signatures has no
+model; the signature then falls back to its coarse kind (engine, overload, dtypes), and with no model
+there either it must be profiled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dooly.signature import Signature
+
+#: A kind needs this many profiled signatures for a model (leave-one-signature-out needs two to say anything).
+MIN_SIGNATURES = 2
+_MAX_SIGMA = 3.0  # log-space: an interval past x20 says "unknown" as well as any wider one
+
+_MATMUL = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
+_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2,
+             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
+
+
+def kind_of(sig: Signature) -> str:
+    """What must match for two signatures to share a shape model: engine, overload, input dtypes and ranks,
+    and the arguments that are not numbers (flags, dtypes), with every number replaced by ``#``."""
+
+    def skeleton(x: object) -> object:
+        if isinstance(x, list):
+            return [skeleton(y) for y in x]
+        if isinstance(x, dict):
+            if set(x) == {"sym"}:
+                return "#"
+            if set(x) == {"tensor"}:
+                return x
+            return {k: skeleton(v) for k, v in x.items()}
+        # sizes, dims, offsets and scalars are numbers: the shapes carry what matters about them
+        return "#" if isinstance(x, int | float) and not isinstance(x, bool) else x
+
+    args = skeleton(json.loads(sig.args))
+    ins = ",".join(f"{t.dtype}/{len(t.shape)}" for t in sig.inputs)
+    return f"{sig.engine}|{sig.op}|{ins}|{json.dumps(args, sort_keys=True)}"
+
+
+def coarse_kind_of(sig: Signature) -> str:
+    """The fallback when a kind has too few signatures: engine, overload and input dtypes only (a causal and a
+    plain attention, or a 3-d and a 4-d add, then share one model; its wider error says so)."""
+    return f"{sig.engine}|{sig.op}|{','.join(t.dtype for t in sig.inputs)}"
+
+
+def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float]:
+    """``(flops, bytes, tasks)`` of one call of ``sig`` at request ``values`` (see the module docstring)."""
+    shapes, args = sig.concrete(values)
+    numels = [math.prod(s) for s, _ in shapes]
+    sizes = [_ITEMSIZE.get(t.dtype, 4) for t in sig.inputs]
+    read = float(sum(n * b for n, b in zip(numels, sizes, strict=True)))
+    item = sizes[0] if sizes else 4
+    if sig.op in _MATMUL and len(shapes) >= 2:
+        a, b = shapes[-2][0], shapes[-1][0]  # addmm/baddbmm: (bias, a, b)
+        m, k, n = a[-2], a[-1], b[-1]
+        batch = math.prod(a[:-2])
+        return 2.0 * batch * m * n * k, read + batch * m * n * item, 0.0
+    if sig.op == "aten.linear.default" and len(shapes) >= 2:
+        x, w = shapes[0][0], shapes[1][0]  # x (..., K) @ w (N, K)^T
+        rows, n, k = math.prod(x[:-1]), w[0], x[-1]
+        return 2.0 * rows * n * k, read + rows * n * item, 0.0
+    if "scaled_dot_product" in sig.op and len(shapes) >= 3:
+        q, k = shapes[0][0], shapes[1][0]
+        batch_heads, length, dim = math.prod(q[:-2]), q[-2], q[-1]
+        return 4.0 * batch_heads * length * k[-2] * dim, read + numels[0] * item, float(batch_heads)
+    # elementwise, reductions, copies, creation ops: the element count (a creation op's size is in its args)
+    sym_ints: list[int] = []
+
+    def grab(x: object) -> None:
+        if isinstance(x, int) and not isinstance(x, bool):
+            sym_ints.append(x)
+        elif isinstance(x, list):
+            for y in x:
+                grab(y)
+
+    grab(args.get("args", []) if isinstance(args, dict) else [])
+    elements = float(max(numels + [abs(v) for v in sym_ints if abs(v) < 2**40] + [1]))
+    return elements, read + elements * item, 0.0
+
+
+def _features(fb: np.ndarray) -> np.ndarray:
+    """Log-space design of ``(flops, bytes, tasks)`` rows: ``[1, log(1 + flops), log(1 + bytes), log(1 + tasks)]``."""
+    return np.column_stack([np.ones(len(fb)), np.log1p(fb)])
+
+
+@dataclass
+class _Fit:
+    form: str  # "roofline" or "loglog"
+    coef: np.ndarray
+
+    def predict(self, fb: np.ndarray) -> np.ndarray:
+        if self.form == "roofline":
+            return np.column_stack([np.ones(len(fb)), fb]) @ self.coef
+        return np.exp(_features(fb) @ self.coef)
+
+
+def _fit(form: str, fb: np.ndarray, t: np.ndarray) -> _Fit:
+    if form == "roofline":
+        from scipy.optimize import nnls
+
+        A = np.column_stack([np.ones(len(fb)), fb]) / t[:, None]  # relative least squares
+        scale = np.maximum(A.max(axis=0), 1e-300)
+        coef, _ = nnls(A / scale, np.ones(len(t)))
+        coef = coef / scale
+        if not coef.any():
+            coef[0] = float(np.median(t))
+        return _Fit(form, coef)
+    X = _features(fb)
+    coef, *_ = np.linalg.lstsq(X, np.log(t), rcond=None)
+    return _Fit(form, coef)
+
+
+@dataclass
+class KindModel:
+    """The shape model of one operator kind, with its leave-one-signature-out error."""
+
+    kind: str
+    fit: _Fit
+    sigma: float  # RMS leave-one-signature-out log error
+    loso_mape: float  # mean leave-one-signature-out relative error (%), for the report
+    n_signatures: int
+    n_points: int
+    _xtx_inv: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((4, 4)))
+
+    def predict(self, fb: np.ndarray) -> np.ndarray:
+        return np.maximum(self.fit.predict(fb), 1e-9)
+
+    def leverage(self, fb: np.ndarray) -> float:
+        """Mean leverage of these points against the fitted ones (0 inside a dense cloud, large far outside)."""
+        X = _features(fb)
+        return float(np.mean(np.einsum("ij,jk,ik->i", X, self._xtx_inv, X)))
+
+
+def fit_kind(
+    kind: str, rows: Mapping[str, tuple[np.ndarray, np.ndarray]], fallback: KindModel | None = None
+) -> KindModel | None:
+    """Fit one kind from ``{signature key: (work rows, seconds)}``; None below MIN_SIGNATURES.
+
+    With ``fallback`` (the model of the coarse kind), a kind of a single signature is still fitted (the roofline
+    form, on that signature's own points: it extrapolates in the sizes the request does not move) and takes
+    the coarse kind's leave-one-signature-out spread as its uncertainty, the only one measurable."""
+    keys = sorted(rows)
+    if len(rows) == 1 and fallback is not None:
+        fb, t = rows[keys[0]]
+        return KindModel(kind, _fit("roofline", fb, t), fallback.sigma, fallback.loso_mape, 1, len(t),
+                         fallback._xtx_inv)  # fmt: skip
+    if len(rows) < MIN_SIGNATURES:
+        return None
+    best: tuple[float, str, list[float]] | None = None
+    # the log-log form has three free coefficients: from one signature's points (whose flops and bytes move
+    # together) it is underdetermined, so with two signatures only the roofline form is tried
+    for form in ("roofline", "loglog") if len(keys) > 2 else ("roofline",):
+        errs: list[float] = []
+        for k in keys:
+            train = [rows[j] for j in keys if j != k]
+            f = _fit(form, np.vstack([a for a, _ in train]), np.concatenate([b for _, b in train]))
+            fb, t = rows[k]
+            errs.extend(np.log(np.maximum(f.predict(fb), 1e-9) / t))
+        score = float(np.sqrt(np.mean(np.square(errs))))
+        if best is None or score < best[0]:
+            best = (score, form, errs)
+    assert best is not None
+    sigma, form, errs = best
+    fb_all = np.vstack([rows[k][0] for k in keys])
+    t_all = np.concatenate([rows[k][1] for k in keys])
+    X = _features(fb_all)
+    xtx_inv = np.linalg.pinv(X.T @ X)
+    return KindModel(kind, _fit(form, fb_all, t_all), sigma, 100 * float(np.mean(np.abs(np.expm1(errs)))),
+                     len(keys), len(t_all), xtx_inv)  # fmt: skip
+
+
+@dataclass
+class ShapePrediction:
+    """A signature's predicted latency at some request values, and how far to trust it."""
+
+    seconds: np.ndarray  # one per requested point
+    sigma: float  # log-space standard error (leverage included); inf when no model covers the kind
+
+    @property
+    def rel_uncertainty(self) -> float:
+        """Half-width of the ~68% interval as a fraction of the prediction (``exp(sigma) - 1``)."""
+        return math.expm1(self.sigma) if math.isfinite(self.sigma) else math.inf
+
+
+class ShapeModel:
+    """Per-kind latency models fitted on a profile DB's points (see the module docstring).
+
+    ``ShapeModel.fit(signatures, points)`` with ``{key: Signature}`` and ``{key: [(values, seconds)]}``;
+    ``exclude`` leaves signatures out of the fit (a model held out to be predicted with zero new points).
+    """
+
+    def __init__(self, kinds: dict[str, KindModel]) -> None:
+        self.kinds = kinds
+
+    @classmethod
+    def fit(
+        cls,
+        signatures: Mapping[str, Signature],
+        points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]],
+        exclude: Collection[str] = (),
+    ) -> ShapeModel:
+        fine: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        coarse: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        parent: dict[str, str] = {}
+        for key, pts in points.items():
+            sig = signatures.get(key)
+            if sig is None or key in exclude or not pts:
+                continue
+            fb = np.array([work(sig, {s: int(v) for s, v in p.items()}) for p, _ in pts])
+            t = np.maximum(np.array([lat for _, lat in pts], dtype=np.float64), 1e-9)
+            fine.setdefault(kind_of(sig), {})[key] = (fb, t)
+            coarse.setdefault(coarse_kind_of(sig), {})[key] = (fb, t)
+            parent[kind_of(sig)] = coarse_kind_of(sig)
+        kinds = {k: m for k, rows in coarse.items() if (m := fit_kind(k, rows)) is not None}
+        for k, rows in fine.items():
+            m = fit_kind(k, rows, kinds.get(parent[k]))
+            if m is not None:
+                kinds[k] = m
+        return cls(kinds)
+
+    def model_for(self, sig: Signature) -> KindModel | None:
+        """The model of the signature's kind, else of its coarse kind (None: neither has enough signatures)."""
+        return self.kinds.get(kind_of(sig)) or self.kinds.get(coarse_kind_of(sig))
+
+    def covers(self, sig: Signature) -> bool:
+        return self.model_for(sig) is not None
+
+    def predict(self, sig: Signature, values: Iterable[Mapping[str, int]]) -> ShapePrediction:
+        """Seconds at each of ``values`` (one dict of request values each)."""
+        vals = list(values)
+        km = self.model_for(sig)
+        if km is None:
+            return ShapePrediction(np.full(len(vals), np.nan), math.inf)
+        fb = np.array([work(sig, v) for v in vals])
+        return ShapePrediction(km.predict(fb), min(_MAX_SIGMA, km.sigma * math.sqrt(1.0 + km.leverage(fb))))
+
+
+def signatures_of(store: object, ctx: object, keys: Iterable[str]) -> dict[str, Signature]:
+    """The stored signatures (by key) of a profile DB context."""
+    out = {}
+    for k in keys:
+        text = store.signature_json(ctx, k)  # type: ignore[attr-defined]
+        if text:
+            out[k] = Signature.from_dict(json.loads(text))
+    return out

@@ -1,0 +1,120 @@
+"""The shape model: per-kind latency laws recovered from synthetic points, its uncertainty, and --budget."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dooly.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, kind_of, work
+from dooly.signature import Signature, TensorSpec
+
+MM_ARGS = '{"args":[{"tensor":0},{"tensor":1}],"kwargs":{}}'
+TOKENS = [1, 4, 16, 64, 256]
+
+
+def mm(k: int, n: int, dtype: str = "bfloat16") -> Signature:
+    return Signature("aten.mm.default", (TensorSpec(("tokens", k), dtype), TensorSpec((k, n), dtype)), MM_ARGS,
+                     "hf-eager/cpu")  # fmt: skip
+
+
+def silu(width: int) -> Signature:
+    return Signature("aten.silu.default", (TensorSpec(("tokens", width), "bfloat16"),),
+                     '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")  # fmt: skip
+
+
+def roofline(sig: Signature, tokens: int) -> float:
+    flops, nbytes, _ = work(sig, {"tokens": tokens})
+    return 4e-6 + flops / 2e10 + nbytes / 5e9
+
+
+def points(sigs, law, noise: float = 0.0, seed: int = 0):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    return {s.key: [({"tokens": t}, law(s, t) * math.exp(noise * rng.standard_normal())) for t in TOKENS]
+            for s in sigs}  # fmt: skip
+
+
+def test_work_of_a_matmul_and_an_elementwise_op() -> None:
+    flops, nbytes, tasks = work(mm(64, 32), {"tokens": 8})
+    assert flops == 2 * 8 * 64 * 32
+    assert nbytes == 2 * (8 * 64 + 64 * 32 + 8 * 32) and tasks == 0
+    assert work(silu(100), {"tokens": 3}) == (300.0, 2 * 300 * 2, 0.0)
+
+
+def test_kind_pools_sizes_but_not_dtypes_or_flags() -> None:
+    assert kind_of(mm(64, 32)) == kind_of(mm(512, 1536))
+    assert kind_of(mm(64, 32)) != kind_of(mm(64, 32, "float32"))
+    sdpa = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+    q = TensorSpec(("requests", 4, "tokens", 16), "bfloat16")
+    causal = Signature(sdpa, (q, q, q), '{"args":[{"tensor":0},{"tensor":1},{"tensor":2},0.0,true],"kwargs":{}}', "e")
+    plain = Signature(sdpa, (q, q, q), '{"args":[{"tensor":0},{"tensor":1},{"tensor":2},0.0,false],"kwargs":{}}', "e")
+    assert kind_of(causal) != kind_of(plain)
+
+
+def test_a_roofline_law_is_recovered_for_a_signature_never_fitted() -> None:
+    train = [mm(k, n) for k, n in ((64, 64), (64, 256), (256, 64), (128, 512), (512, 128), (256, 256))]
+    sigs = {s.key: s for s in train}
+    model = ShapeModel.fit(sigs, points(train, roofline))
+    new = mm(192, 384)  # a hidden size no fitted signature has
+    pred = model.predict(new, [{"tokens": t} for t in (2, 32, 200)])
+    truth = np.array([roofline(new, t) for t in (2, 32, 200)])
+    assert np.max(np.abs(pred.seconds / truth - 1)) < 0.02
+    assert model.kinds[kind_of(new)].fit.form == "roofline"
+    assert pred.rel_uncertainty < 0.02
+
+
+def test_a_power_law_is_recovered_by_the_loglog_form() -> None:
+    train = [silu(w) for w in (64, 128, 256, 512, 1024)]
+
+    def law(s: Signature, t: int) -> float:
+        return 1e-7 * work(s, {"tokens": t})[0] ** 0.7
+
+    model = ShapeModel.fit({s.key: s for s in train}, points(train, law))
+    new = silu(384)
+    pred = model.predict(new, [{"tokens": 50}])
+    assert pred.seconds[0] == pytest.approx(law(new, 50), rel=0.02)
+    assert model.kinds[kind_of(new)].fit.form == "loglog"
+
+
+def test_uncertainty_ranks_noisy_kinds_and_extrapolation_higher() -> None:
+    mms = [mm(k, n) for k, n in ((64, 64), (64, 256), (256, 64), (128, 512), (512, 128), (256, 256))]
+    silus = [silu(w) for w in (64, 128, 256, 512, 1024)]
+    pts = {**points(mms, roofline, noise=0.01), **points(silus, roofline, noise=0.3, seed=1)}
+    model = ShapeModel.fit({s.key: s for s in mms + silus}, pts)
+    grid = [{"tokens": t} for t in TOKENS]
+    assert model.predict(silu(300), grid).sigma > 3 * model.predict(mm(128, 128), grid).sigma
+    inside, far = model.predict(mm(128, 128), grid), model.predict(mm(8192, 8192), grid)
+    assert far.sigma > inside.sigma
+
+
+def test_a_kind_with_too_few_signatures_is_not_covered() -> None:
+    few = [mm(64, n) for n in range(1, MIN_SIGNATURES)]
+    model = ShapeModel.fit({s.key: s for s in few}, points(few, roofline))
+    assert not model.covers(mm(64, 99))
+    assert not model.covers(mm(64, 99, "float32"))
+    pred = model.predict(mm(64, 99), [{"tokens": 1}])
+    assert math.isinf(pred.rel_uncertainty)
+    assert not model.covers(silu(10))
+
+
+def test_a_sparse_kind_falls_back_to_its_coarse_kind() -> None:
+    # one 3-d silu and one 2-d: neither rank alone has two signatures, the overload and dtype together do; each
+    # rank is fitted on its own signature's points, with the coarse kind's spread as its uncertainty
+    a = silu(64)
+    b = Signature("aten.silu.default", (TensorSpec(("tokens", 7, 32), "bfloat16"),),
+                  '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")  # fmt: skip
+    model = ShapeModel.fit({a.key: a, b.key: b}, points([a, b], roofline))
+    fine, coarse = model.kinds[kind_of(a)], model.kinds[coarse_kind_of(a)]
+    assert fine.n_signatures == 1 and coarse.n_signatures == 2
+    assert fine.sigma == coarse.sigma  # one signature has no leave-one-out spread of its own: the coarse one
+    assert model.covers(silu(500))
+    assert model.predict(silu(500), [{"tokens": 9}]).seconds[0] == pytest.approx(roofline(silu(500), 9), rel=0.05)
+
+
+def test_excluded_signatures_stay_out_of_the_fit() -> None:
+    train = [mm(k, 64) for k in (32, 64, 128)]
+    sigs = {s.key: s for s in train}
+    assert ShapeModel.fit(sigs, points(train, roofline)).covers(mm(1, 1))
+    left_one = {train[0].key, train[1].key}
+    assert not ShapeModel.fit(sigs, points(train, roofline), exclude=left_one).covers(mm(1, 1))
