@@ -1,4 +1,5 @@
-"""Generators side by side on real traces: masked discrete diffusion vs order-4 Markov (vs the paper's model).
+"""Generators side by side on real traces: masked discrete diffusion and an autoregressive transformer vs
+order-4 Markov (vs the paper's model).
 
 For each trace: the first 70% (by time) is the training block, the last 30% the held-out test
 block. Every generator fits on the training block (the neural ones for the same wall time,
@@ -10,7 +11,14 @@ block. Every generator fits on the training block (the neural ones for the same 
 - copied128: share of 128-event windows of the sample found verbatim in the training block;
 - nxt_f1: next-event Macro-F1 on real test windows of a classifier trained on the sample alone
   (the `real` row: trained on the training block itself);
-- fit_s / sample ev/s: training wall time and sampling throughput.
+- fit_s, steps, train ev/s: training wall time, optimisation steps reached (the machine may be shared:
+  compare steps, not only seconds) and events seen per second of training (steps * batch * context;
+  Markov: the training block's events / fit time);
+- sample ev/s: sampling throughput (raw sample, before repair);
+- and per generator the rules broken most often (share of the sample's events breaking each).
+
+`--sample-steps 64 256` samples the masked model once per step count from the same fit (rows
+`masked@256`, ...); `--only masked markov4` fits only those.
 
     .venv/bin/python bench/bench_generators.py --workloads scimark2 sqlite fio --train-seconds 300
     .venv/bin/python bench/bench_generators.py --quick          # 60 s per model, 2 workloads
@@ -30,6 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from tracesynth.autoregressive import ARConfig, Autoregressive  # noqa: E402
 from tracesynth.baselines.markov import MarkovChain  # noqa: E402
 from tracesynth.constraints import check_trace, mine_rules, repair_trace  # noqa: E402
 from tracesynth.evaluate.classifier import ClassifierConfig  # noqa: E402
@@ -45,22 +54,32 @@ LTTNG = REPO.parent / "shared" / "traces" / "lttng-wget-kernel"
 
 
 def _generators(args) -> dict[str, object]:
+    common = dict(context=args.context, d_model=args.d_model, n_layers=args.layers, steps=10**9,
+                  time_limit=args.train_seconds, chains=args.chains)
     gens: dict[str, object] = {
         "markov4": MarkovChain(order=4),
-        "masked": MaskedDiffusion(
-            MaskedConfig(
-                context=args.context, d_model=args.d_model, n_layers=args.layers, steps=10**9,
-                time_limit=args.train_seconds, sample_steps=args.sample_steps, unmask=args.unmask,
-            )
-        ),
+        "masked": MaskedDiffusion(MaskedConfig(**common, sample_steps=args.sample_steps[0], unmask=args.unmask)),
+        "ar": Autoregressive(ARConfig(**common)),
     }
-    if args.gaussian:
+    if args.gaussian or (args.only and "gaussian" in args.only):
         from tracesynth.diffusion.config import TraceSynthConfig
         from tracesynth.diffusion.synth import TraceSynth
 
         cfg = TraceSynthConfig(context=args.context, steps=10**9, time_limit=args.train_seconds)
         gens["gaussian"] = TraceSynth(cfg)
-    return gens
+    return {k: g for k, g in gens.items() if not args.only or k in args.only}
+
+
+def _samplings(gname: str, gen, args):
+    """(row name, sampling setting) for each way a fitted generator is sampled: masked once per step count."""
+    if gname != "masked":
+        return [(gname, None)]
+    return [(gname if i == 0 else f"{gname}@{s}", s) for i, s in enumerate(args.sample_steps)]
+
+
+def _top_rules(report, k: int = 4) -> str:
+    top = sorted(((n, r) for r, n in report.counts.items() if n), reverse=True)[:k]
+    return ", ".join(f"{r} {n / max(report.events, 1):.1%}" for n, r in top) or "none"
 
 
 def bench_trace(name: str, trace, args) -> list[dict]:
@@ -77,20 +96,27 @@ def bench_trace(name: str, trace, args) -> list[dict]:
         t0 = time.perf_counter()
         gen.fit([train])
         fit_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        raw = gen.sample(args.events, seed=0)
-        sample_s = time.perf_counter() - t0
-        _, rep = repair_trace(raw, rules, seed=0)
-        mem = memorisation(raw, train, 128)
-        f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
-        steps = gen.fit_info.get("train_steps")
-        rows.append({
-            "trace": name, "generator": gname, "fit_s": fit_s, "steps": steps,
-            "sample_ev_s": len(raw) / max(sample_s, 1e-9),
-            "rule_viol": check_trace(raw, rules).rate, "repair_edit": rep.edit_rate,
-            "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
-        })
-        print(_fmt(rows[-1]), flush=True)
+        info = gen.fit_info
+        train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
+        for rname, setting in _samplings(gname, gen, args):
+            if setting is not None:
+                gen.config.sample_steps = setting
+            t0 = time.perf_counter()
+            raw = gen.sample(args.events, seed=0)
+            sample_s = time.perf_counter() - t0
+            _, rep = repair_trace(raw, rules, seed=0)
+            mem = memorisation(raw, train, 128)
+            f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
+            check = check_trace(raw, rules)
+            rows.append({
+                "trace": name, "generator": rname, "fit_s": fit_s, "steps": info.get("train_steps"),
+                "train_ev_s": train_ev_s, "sample_ev_s": len(raw) / max(sample_s, 1e-9),
+                "rule_viol": check.rate, "repair_edit": rep.edit_rate,
+                "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
+                "rules": {r: n / max(check.events, 1) for r, n in check.counts.items() if n},
+            })
+            print(_fmt(rows[-1]), flush=True)
+            print(f"{'':21s}rules broken most: {_top_rules(check)}", flush=True)
     print(_fmt(rows[0]), flush=True)
     return rows
 
@@ -102,7 +128,8 @@ def _fmt(r: dict) -> str:
 
     return (f"{r['trace']:10s} {r['generator']:9s} viol {f('rule_viol', '.3%'):>7s} edit {f('repair_edit', '.3%'):>7s} "
             f"jsd3 {f('jsd3', '.3f'):>5s} copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
-            f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
+            f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} train {f('train_ev_s', ',.0f'):>9s} ev/s "
+            f"sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
 
 
 def main() -> None:
@@ -116,7 +143,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--sample-steps", type=int, default=64)
+    ap.add_argument("--sample-steps", type=int, nargs="+", default=[64], help="masked sampler steps (one row each)")
+    ap.add_argument("--chains", type=int, default=16, help="chains sampled in parallel by the token models")
+    ap.add_argument("--only", nargs="+", choices=["markov4", "masked", "ar", "gaussian"], default=None,
+                    help="fit only these generators (default: all but gaussian)")
     ap.add_argument("--unmask", choices=["random", "confidence"], default="random")
     ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
     ap.add_argument("--quick", action="store_true")

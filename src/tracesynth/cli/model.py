@@ -21,7 +21,9 @@ def fit(
     data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
     kind: str = typer.Option(
-        "diffusion", "--kind", help="Generator: diffusion (the paper's Gaussian model), masked (discrete) or markov."
+        "diffusion",
+        "--kind",
+        help="Generator: diffusion (the paper's Gaussian model), masked (discrete), ar (autoregressive) or markov.",
     ),
     order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
     context: int = typer.Option(1024, "--context", help="Events per window (L)."),
@@ -77,10 +79,10 @@ def fit(
         key = salt_or_random(salt)  # one salt for all traces: the same program gets the same label in each
         traces = [anonymize_trace(t, key) for t in traces]
     if gen_kind.name != "diffusion":
-        if gen_kind.name == "masked":
-            masked_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
-                          "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed}
-            gen = make_generator({"kind": "masked", "config": masked_cfg}).fit(traces)
+        if gen_kind.name in ("masked", "ar"):
+            token_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
+                         "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed}
+            gen = make_generator({"kind": gen_kind.name, "config": token_cfg}).fit(traces)
             what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
         else:
             gen = make_generator({"kind": kind, "order": order}).fit(traces)
