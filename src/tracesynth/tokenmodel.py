@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -372,7 +373,7 @@ class TokenModel:
             self.model.load_state_dict(load_file(str(directory / "model.safetensors")))
         except TraceSynthError as exc:
             raise exc if exc.path else TraceSynthError(str(exc), directory) from None
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
             raise TraceSynthError(f"not a {what} model ({type(exc).__name__}: {exc})", directory) from None
         self.model.eval()
         return self
