@@ -17,8 +17,8 @@ block. Every generator fits on the training block (the neural ones for the same 
 - sample ev/s: sampling throughput (raw sample, before repair);
 - and per generator the rules broken most often (share of the sample's events breaking each).
 
-`--sample-steps 64 256` samples the masked model once per step count from the same fit (rows
-`masked@256`, ...); `--only masked markov4` fits only those.
+`--sample-steps 64 256 256:confidence` samples the masked model once per setting from the same fit
+(rows `masked@256`, ...); `--only masked markov4` fits only those.
 
     .venv/bin/python bench/bench_generators.py --workloads scimark2 sqlite fio --train-seconds 300
     .venv/bin/python bench/bench_generators.py --quick          # 60 s per model, 2 workloads
@@ -58,7 +58,7 @@ def _generators(args) -> dict[str, object]:
                   time_limit=args.train_seconds, chains=args.chains)
     gens: dict[str, object] = {
         "markov4": MarkovChain(order=4),
-        "masked": MaskedDiffusion(MaskedConfig(**common, sample_steps=args.sample_steps[0], unmask=args.unmask)),
+        "masked": MaskedDiffusion(MaskedConfig(**common)),
         "ar": Autoregressive(ARConfig(**common)),
     }
     if args.gaussian or (args.only and "gaussian" in args.only):
@@ -70,11 +70,16 @@ def _generators(args) -> dict[str, object]:
     return {k: g for k, g in gens.items() if not args.only or k in args.only}
 
 
-def _samplings(gname: str, gen, args):
-    """(row name, sampling setting) for each way a fitted generator is sampled: masked once per step count."""
+def _samplings(gname: str, args) -> list[tuple[str, dict]]:
+    """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps."""
     if gname != "masked":
-        return [(gname, None)]
-    return [(gname if i == 0 else f"{gname}@{s}", s) for i, s in enumerate(args.sample_steps)]
+        return [(gname, {})]
+    out = []
+    for i, spec in enumerate(args.sample_steps):
+        steps, _, unmask = spec.partition(":")
+        setting = {"sample_steps": int(steps), "unmask": unmask or args.unmask}
+        out.append((gname if i == 0 else f"{gname}@{spec}", setting))
+    return out
 
 
 def _top_rules(report, k: int = 4) -> str:
@@ -98,9 +103,9 @@ def bench_trace(name: str, trace, args) -> list[dict]:
         fit_s = time.perf_counter() - t0
         info = gen.fit_info
         train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
-        for rname, setting in _samplings(gname, gen, args):
-            if setting is not None:
-                gen.config.sample_steps = setting
+        for rname, setting in _samplings(gname, args):
+            for k, v in setting.items():
+                setattr(gen.config, k, v)
             t0 = time.perf_counter()
             raw = gen.sample(args.events, seed=0)
             sample_s = time.perf_counter() - t0
@@ -116,7 +121,7 @@ def bench_trace(name: str, trace, args) -> list[dict]:
                 "rules": {r: n / max(check.events, 1) for r, n in check.counts.items() if n},
             })
             print(_fmt(rows[-1]), flush=True)
-            print(f"{'':21s}rules broken most: {_top_rules(check)}", flush=True)
+            print(f"{'':24s}rules broken most: {_top_rules(check)}", flush=True)
     print(_fmt(rows[0]), flush=True)
     return rows
 
@@ -126,7 +131,7 @@ def _fmt(r: dict) -> str:
         v = r.get(k)
         return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
-    return (f"{r['trace']:10s} {r['generator']:9s} viol {f('rule_viol', '.3%'):>7s} edit {f('repair_edit', '.3%'):>7s} "
+    return (f"{r['trace']:10s} {r['generator']:12s} viol {f('rule_viol', '.3%'):>7s} edit {f('repair_edit', '.3%'):>7s} "
             f"jsd3 {f('jsd3', '.3f'):>5s} copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
             f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} train {f('train_ev_s', ',.0f'):>9s} ev/s "
             f"sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
@@ -143,7 +148,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--sample-steps", type=int, nargs="+", default=[64], help="masked sampler steps (one row each)")
+    ap.add_argument("--sample-steps", nargs="+", default=["64"],
+                    help="masked sampler steps, one row each; STEPS:confidence unmasks the most confident first")
     ap.add_argument("--chains", type=int, default=16, help="chains sampled in parallel by the token models")
     ap.add_argument("--only", nargs="+", choices=["markov4", "masked", "ar", "gaussian"], default=None,
                     help="fit only these generators (default: all but gaussian)")
