@@ -131,7 +131,8 @@ def _fmt(r: dict) -> str:
         v = r.get(k)
         return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
-    return (f"{r['trace']:10s} {r['generator']:12s} viol {f('rule_viol', '.3%'):>7s} edit {f('repair_edit', '.3%'):>7s} "
+    return (f"{r['trace']:10s} {r['generator']:12s} viol {f('rule_viol', '.3%'):>7s} "
+            f"edit {f('repair_edit', '.3%'):>7s} "
             f"jsd3 {f('jsd3', '.3f'):>5s} copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
             f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} train {f('train_ev_s', ',.0f'):>9s} ev/s "
             f"sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
