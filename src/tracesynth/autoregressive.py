@@ -34,8 +34,8 @@ class ARConfig(TokenConfig):
 class CausalNet(ChannelTransformer):
     """Causal transformer over events, with a per-channel head conditioned on the channels drawn before it."""
 
-    def __init__(self, cfg: TokenConfig, vocab: dict[str, int]):
-        super().__init__(cfg, vocab)
+    def __init__(self, cfg: TokenConfig, vocab: dict[str, int], n_workloads: int = 0):
+        super().__init__(cfg, vocab, n_workloads)
         d = cfg.d_model
         self.n_heads = cfg.n_heads
         self.bos = nn.Parameter(torch.randn(d) * 0.02)
@@ -51,7 +51,7 @@ class CausalNet(ChannelTransformer):
         """h[:, p] summarises events < p (teacher forcing over whole windows)."""
         x = self.embed_tokens(tokens)
         x = torch.cat([self.bos.expand(x.shape[0], 1, -1), x[:, :-1]], dim=1)
-        return self.encode(x, causal=True)
+        return self.encode(self.condition(x, tokens), causal=True)
 
     def head(self, h: torch.Tensor, i: int, given: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits of channel ORDER[i] from hidden h and the tokens `given` of channels ORDER[:i]."""
@@ -100,7 +100,7 @@ class Autoregressive(TokenModel):
     config_cls = ARConfig
 
     def _network(self) -> CausalNet:
-        return CausalNet(self.config, self.vocab)
+        return CausalNet(self.config, self.vocab, len(self.workloads))
 
     def loss(self, clean: dict[str, torch.Tensor]) -> torch.Tensor:
         """Next-event cross-entropy, averaged over every channel of every event of the windows."""
@@ -114,12 +114,14 @@ class Autoregressive(TokenModel):
         b, L = known.shape
         k = int(known[0].sum())
         cache = net.new_cache(b, L)
-        prefix = net.embed_tokens({c: v[:, :k] for c, v in tokens.items()})
-        h = net.step(torch.cat([net.bos.expand(b, 1, -1), prefix], dim=1), 0, cache)[:, -1]
+        prefix = net.embed_tokens({c: tokens[c][:, :k] for c in CHANNELS})
+        x = net.condition(torch.cat([net.bos.expand(b, 1, -1), prefix], dim=1), tokens)
+        h = net.step(x, 0, cache)[:, -1]
         for j in range(k, L):
             drawn: dict[str, torch.Tensor] = {}
             for i, c in enumerate(ORDER):
                 drawn[c], _ = self._draw(net.head(h, i, drawn), c, gen)
                 tokens[c][:, j] = drawn[c]
             if j + 1 < L:
-                h = net.step(net.embed_tokens({c: v[:, None] for c, v in drawn.items()}), j + 1, cache)[:, 0]
+                x = net.condition(net.embed_tokens({c: v[:, None] for c, v in drawn.items()}), tokens)
+                h = net.step(x, j + 1, cache)[:, 0]

@@ -42,7 +42,7 @@ class Denoiser(ChannelTransformer):
     """Bidirectional transformer: summed channel embeddings (+ [MASK] per channel) -> logits per channel."""
 
     def forward(self, tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        x = self.encode(self.embed_tokens(tokens))
+        x = self.encode(self.condition(self.embed_tokens(tokens), tokens))
         return {c: self.heads[f"c_{c}"](x) for c in self.vocab}
 
 
@@ -54,14 +54,14 @@ class MaskedDiffusion(TokenModel):
     config_cls = MaskedConfig
 
     def _network(self) -> Denoiser:
-        return Denoiser(self.config, self.vocab)
+        return Denoiser(self.config, self.vocab, len(self.workloads))
 
     def loss(self, clean: dict[str, torch.Tensor]) -> torch.Tensor:
         """Masked cross-entropy: mask each token with rate t ~ U(0,1) per window, predict the clean ones."""
         b, L = clean["event"].shape
         t = torch.rand(b, 1).clamp_min(1e-3)
         masks = {c: torch.rand(b, L) < t for c in CHANNELS}
-        noisy = {c: torch.where(masks[c], self.vocab[c], clean[c]) for c in CHANNELS}
+        noisy = {**clean, **{c: torch.where(masks[c], self.vocab[c], clean[c]) for c in CHANNELS}}
         logits = self.model(noisy)
         total, count = 0.0, 0
         for c in CHANNELS:

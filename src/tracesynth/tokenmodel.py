@@ -7,6 +7,8 @@ Every channel is a token: event type, cpu, per-window thread label, command, ret
 decodes to a gap drawn from the training trace's gaps of that bucket and event type. A model
 fills windows of `context` events; long traces are chains of windows, each conditioned on the last
 `overlap` events of the one before, so threads and open syscalls carry across window boundaries.
+With `conditional`, one model learns several workloads (the traces' `workload` metadata): a learned
+vector per workload is added at every position, and sample(..., workload=NAME) draws that one.
 A subclass gives its network (`_network`), its training loss (`loss`) and how it fills the unknown
 events of a window (`_fill`).
 """
@@ -54,6 +56,7 @@ class TokenConfig:
     chains: int = 8  # independent chains sampled in parallel
     temperature: float = 1.0
     max_tids: int = 32
+    conditional: bool = False  # learn one vector per workload (trace metadata "workload"); sample(workload=)
     seed: int = 0
 
     what: ClassVar[str] = "token model"  # for error messages
@@ -93,10 +96,11 @@ def _gaps(ts: np.ndarray) -> np.ndarray:
 class ChannelTransformer(nn.Module):
     """Summed channel embeddings (+ [MASK] per channel) + positions -> transformer -> hidden [b, L, d]."""
 
-    def __init__(self, cfg: TokenConfig, vocab: dict[str, int]):
+    def __init__(self, cfg: TokenConfig, vocab: dict[str, int], n_workloads: int = 0):
         super().__init__()
         self.vocab = dict(vocab)
         d = cfg.d_model
+        self.workload = nn.Embedding(n_workloads, d) if n_workloads else None
         # ModuleDict keys are prefixed: "cpu" would clash with nn.Module.cpu
         self.embed = nn.ModuleDict({f"c_{c}": nn.Embedding(v + 1, d) for c, v in vocab.items()})  # id v = [MASK]
         self.pos = nn.Parameter(torch.randn(cfg.context, d) * 0.02)
@@ -113,6 +117,10 @@ class ChannelTransformer(nn.Module):
 
     def embed_tokens(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
         return sum(self.embed[f"c_{c}"](tokens[c]) for c in self.vocab)
+
+    def condition(self, x: torch.Tensor, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        """x [b, n, d] plus the vector of each window's workload (tokens["workload"], [b]) if conditional."""
+        return x if self.workload is None else x + self.workload(tokens["workload"])[:, None]
 
     def encode(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """Hidden states of embedded inputs x [b, L, d] (each position sees only earlier ones if causal)."""
@@ -136,6 +144,7 @@ class TokenModel:
         self.model: nn.Module | None = None
         self.gap_table: dict[str, np.ndarray] = {}
         self.seen: dict[str, torch.Tensor] = {}  # per channel: which tokens occur in training (only those are drawn)
+        self.workloads: list[str] = []  # the workloads a conditional model learned, by index
         self.history: dict[str, Any] = {}
 
     # -- what a subclass gives ----------------------------------------------------------------
@@ -174,8 +183,16 @@ class TokenModel:
         enc["dt"] = dt_bucket(_gaps(trace.ts))
         return enc
 
+    def _workload_of(self, trace: Trace) -> str:
+        name = trace.metadata.get("workload")
+        if not isinstance(name, str) or not name:
+            raise TraceSynthError(f"{self.config.what}: conditional training needs each trace's workload name "
+                                  "(metadata 'workload')")
+        return name
+
     def windows(self, traces: Sequence[Trace], stride: int | None = None) -> dict[str, np.ndarray]:
-        """Token windows [n, context] of every trace (cut inside a trace, never across traces)."""
+        """Token windows [n, context] of every trace (cut inside a trace, never across traces);
+        a conditional model's also carry each window's workload index ("workload", [n])."""
         L = self.config.context
         stride = stride or L // 2
         parts: list[dict[str, np.ndarray]] = []
@@ -188,10 +205,12 @@ class TokenModel:
             idx = starts[:, None] + np.arange(L)[None, :]
             w = {c: enc[c][idx] for c in CHANNELS}
             w["tid"] = self.codec.relabel_tids(w["tid"])
+            if self.config.conditional:
+                w["workload"] = np.full(len(starts), self.workloads.index(self._workload_of(t)), dtype=np.int64)
             parts.append(w)
         if not parts:
             raise TraceSynthError(f"no trace has {L} events (the context); give longer traces or a smaller context")
-        return {c: np.concatenate([p[c] for p in parts]) for c in CHANNELS}
+        return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
 
     def _fit_gap_table(self, traces: Sequence[Trace], rng: np.random.Generator) -> None:
         """Up to GAPS_PER_CELL real gaps per (event token, gap bucket), as sorted CSR arrays."""
@@ -234,6 +253,7 @@ class TokenModel:
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
         self.codec = ChannelCodec.fit(traces, CHANNELS, max_tids=cfg.max_tids)
+        self.workloads = sorted({self._workload_of(t) for t in traces}) if cfg.conditional else []
         self._fit_gap_table(traces, rng)
         data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
         self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
@@ -271,10 +291,16 @@ class TokenModel:
         return self
 
     # -- sampling -----------------------------------------------------------------------------
-    def sample(self, n_events: int, seed: int = 0) -> Trace:
-        """A synthetic trace of n_events: `chains` chains of overlapping windows, concatenated."""
+    def sample(self, n_events: int, seed: int = 0, workload: str | None = None) -> Trace:
+        """A synthetic trace of n_events: `chains` chains of overlapping windows, concatenated.
+
+        A conditional model draws `workload` (one it learned; None: chain b draws workload b mod their number).
+        """
         if self.model is None:
             raise TraceSynthError(f"{self.config.what}: sample() before fit()")
+        if workload is not None and workload not in self.workloads:
+            known = f"it knows {', '.join(self.workloads)}" if self.workloads else "it is not conditional"
+            raise TraceSynthError(f"{self.config.what}: no workload {workload!r} ({known})")
         cfg = self.config
         L, K = cfg.context, cfg.overlap
         gen = torch.Generator().manual_seed(seed)
@@ -284,6 +310,9 @@ class TokenModel:
         n_windows = 1 + max(0, math.ceil((per_chain - L) / (L - K)))
         out = {c: [] for c in CHANNELS}
         tokens = {c: torch.zeros(chains, L, dtype=torch.long) for c in CHANNELS}
+        if self.workloads:
+            which = [self.workloads.index(workload)] * chains if workload else np.arange(chains) % len(self.workloads)
+            tokens["workload"] = torch.as_tensor(which, dtype=torch.long)
         known = torch.zeros(chains, L, dtype=torch.bool)
         labels = np.zeros((chains, 0), dtype=np.int64)  # chain-global thread label of each emitted event
         next_label = np.ones(chains, dtype=np.int64)
@@ -329,7 +358,8 @@ class TokenModel:
         windows = dict(flat)
         windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std
         codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
-        return codec.decode(windows, metadata={"generator": self.name, "seed": seed})
+        meta = {"generator": self.name, "seed": seed, **({"workload": workload} if workload else {})}
+        return codec.decode(windows, metadata=meta)
 
     def _draw(self, logits: torch.Tensor, c: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """A token of channel c from softmax(logits / temperature) over tokens seen in training, and its log-prob."""
@@ -344,7 +374,8 @@ class TokenModel:
         if self.model is None:
             raise TraceSynthError(f"{self.config.what}: save() before fit()")
         directory = Path(directory)
-        meta = {"format": self.format, "config": asdict(self.config), "history": self.history}
+        meta = {"format": self.format, "config": asdict(self.config), "workloads": self.workloads,
+                "history": self.history}
         tensors = {f"gap_{k}": torch.from_numpy(v) for k, v in self.gap_table.items()}
         tensors.update({f"seen_{c}": v for c, v in self.seen.items()})
         with atomic_path(directory, directory=True, contents=("config.json", "vocab.json", "*.safetensors")) as tmp:
@@ -365,6 +396,7 @@ class TokenModel:
                 raise TraceSynthError(f"config.json is not a {cls.format} model", directory)
             self = cls(cls.config_cls(**meta["config"]))
             self.history = dict(meta.get("history") or {})
+            self.workloads = [str(w) for w in meta.get("workloads") or []]
             self.codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
             tables = load_file(str(directory / "gaps.safetensors"))
             self.gap_table = {k[4:]: v.numpy() for k, v in tables.items() if k.startswith("gap_")}
