@@ -47,7 +47,7 @@ from tracesynth.evaluate.metrics import memorisation, ngram_jsd  # noqa: E402
 from tracesynth.evaluate.tasks import next_event_scores  # noqa: E402
 from tracesynth.evaluate.windows import Split  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
-from tracesynth.masked import MaskedConfig, MaskedDiffusion  # noqa: E402
+from tracesynth.masked import UNMASK, MaskedConfig, MaskedDiffusion  # noqa: E402
 from tracesynth.splits import split_by_time  # noqa: E402
 
 LTTNG = REPO.parent / "shared" / "traces" / "lttng-wget-kernel"
@@ -150,11 +150,11 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sample-steps", nargs="+", default=["64"],
-                    help="masked sampler steps, one row each; STEPS:confidence unmasks the most confident first")
+                    help="masked sampler steps, one row each; STEPS:UNMASK picks the unmasking order")
     ap.add_argument("--chains", type=int, default=16, help="chains sampled in parallel by the token models")
     ap.add_argument("--only", nargs="+", choices=["markov4", "masked", "ar", "gaussian"], default=None,
                     help="fit only these generators (default: all but gaussian)")
-    ap.add_argument("--unmask", choices=["random", "confidence"], default="random")
+    ap.add_argument("--unmask", choices=list(UNMASK), default="random")
     ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

@@ -4,9 +4,9 @@ The tokens, chained sampling, decoding and storage are those of every token gene
 (`tracesynth.tokenmodel`). Training masks each token independently with a rate t ~ U(0, 1) per
 window and a bidirectional transformer predicts the clean tokens (cross-entropy on the masked ones).
 Sampling starts from an all-masked window and unmasks the predictions in a random order (the
-reverse of the masking process; or the most confident first, `unmask="confidence"`), over a
-configurable number of steps; a chained window is conditioned on the overlap with the one before
-(inpainting).
+reverse of the masking process; or the most confident first, `unmask="confidence"`; or the earliest
+events first, `unmask="left"`), over a configurable number of steps; a chained window is
+conditioned on the overlap with the one before (inpainting).
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ import torch.nn.functional as F
 from tracesynth.tokenmodel import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 
 FORMAT = "tracesynth-masked-1"
+UNMASK = ("random", "confidence", "left")
 
 
 @dataclass
 class MaskedConfig(TokenConfig):
     sample_steps: int = 64
-    unmask: str = "random"  # which masked tokens a step reveals: "random" (MDLM's reverse process) or "confidence"
+    # which masked tokens a step reveals: "random" (MDLM's reverse process), "confidence" (the most confident
+    # first) or "left" (the earliest events first, event type before the other channels: semi-autoregressive)
+    unmask: str = "random"
 
     what: ClassVar[str] = "masked diffusion"
 
@@ -34,7 +37,7 @@ class MaskedConfig(TokenConfig):
         return {
             **super()._checks(),
             "sample_steps > 0": self.sample_steps > 0,
-            "unmask in (random, confidence)": self.unmask in ("random", "confidence"),
+            "unmask in (random, confidence, left)": self.unmask in UNMASK,
         }
 
 
@@ -88,11 +91,14 @@ class MaskedDiffusion(TokenModel):
             n_open = left - target
             logits = self.model(tokens)
             cand, conf = {}, []
-            for c in CHANNELS:
+            for rank, c in enumerate(CHANNELS):
                 draw, logp = self._draw(logits[c], c, gen)
                 cand[c] = draw
                 if cfg.unmask == "confidence":
                     score = logp.exp()
+                elif cfg.unmask == "left":  # position j before j + 1; within an event, CHANNELS order
+                    L = draw.shape[1]
+                    score = ((L - torch.arange(L, dtype=torch.float32)) * len(CHANNELS) - rank).expand_as(draw)
                 else:  # a uniformly random subset of the masked tokens
                     score = torch.rand(draw.shape, generator=gen)
                 conf.append(torch.where(masked[c], score, torch.full_like(score, -1.0)))
