@@ -55,9 +55,11 @@ class CausalNet(ChannelTransformer):
 
     def head(self, h: torch.Tensor, i: int, given: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits of channel ORDER[i] from hidden h and the tokens `given` of channels ORDER[:i]."""
-        z = h + self.query[i]
-        for c in ORDER[:i]:
-            z = z + self.given[f"c_{c}"](given[c])
+        return self.head_of(h + sum((self.given[f"c_{c}"](given[c]) for c in ORDER[:i]), torch.zeros(())), i)
+
+    def head_of(self, z: torch.Tensor, i: int) -> torch.Tensor:
+        """Logits of channel ORDER[i] from z = h + the given embeddings of the channels drawn before it."""
+        z = z + self.query[i]
         z = z + self.head_mlp(self.head_norm(z))
         return self.heads[f"c_{ORDER[i]}"](z)
 
@@ -119,9 +121,12 @@ class Autoregressive(TokenModel):
         h = net.step(x, 0, cache)[:, -1]
         for j in range(k, L):
             drawn: dict[str, torch.Tensor] = {}
+            z = h  # + the embeddings of this event's channels drawn so far (net.head, one channel at a time)
             for i, c in enumerate(ORDER):
-                drawn[c], _ = self._draw(net.head(h, i, drawn), c, gen)
+                drawn[c], _ = self._draw(net.head_of(z, i), c, gen)
                 tokens[c][:, j] = drawn[c]
+                if i + 1 < len(ORDER):
+                    z = z + net.given[f"c_{c}"](drawn[c])
             if j + 1 < L:
                 x = net.condition(net.embed_tokens({c: v[:, None] for c, v in drawn.items()}), tokens)
                 h = net.step(x, j + 1, cache)[:, 0]
