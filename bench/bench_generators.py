@@ -1,4 +1,5 @@
-"""Generators side by side on real traces: masked discrete diffusion vs order-4 Markov (vs the paper's model).
+"""Generators side by side on real traces: masked discrete diffusion and an autoregressive transformer vs
+order-4 Markov (vs the paper's model).
 
 For each trace: the first 70% (by time) is the training block, the last 30% the held-out test
 block. Every generator fits on the training block (the neural ones for the same wall time,
@@ -10,7 +11,14 @@ block. Every generator fits on the training block (the neural ones for the same 
 - copied128: share of 128-event windows of the sample found verbatim in the training block;
 - nxt_f1: next-event Macro-F1 on real test windows of a classifier trained on the sample alone
   (the `real` row: trained on the training block itself);
-- fit_s / sample ev/s: training wall time and sampling throughput.
+- fit_s, steps, train ev/s: training wall time, optimisation steps reached (the machine may be shared:
+  compare steps, not only seconds) and events seen per second of training (steps * batch * context;
+  Markov: the training block's events / fit time);
+- sample ev/s: sampling throughput (raw sample, before repair);
+- and per generator the rules broken most often (share of the sample's events breaking each).
+
+`--sample-steps 64 256 256:confidence` samples the masked model once per setting from the same fit
+(rows `masked@256`, ...); `--only masked markov4` fits only those.
 
     .venv/bin/python bench/bench_generators.py --workloads scimark2 sqlite fio --train-seconds 300
     .venv/bin/python bench/bench_generators.py --quick          # 60 s per model, 2 workloads
@@ -30,6 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from tracesynth.autoregressive import ARConfig, Autoregressive  # noqa: E402
 from tracesynth.baselines.markov import MarkovChain  # noqa: E402
 from tracesynth.constraints import check_trace, mine_rules, repair_trace  # noqa: E402
 from tracesynth.evaluate.classifier import ClassifierConfig  # noqa: E402
@@ -38,32 +47,48 @@ from tracesynth.evaluate.metrics import memorisation, ngram_jsd  # noqa: E402
 from tracesynth.evaluate.tasks import next_event_scores  # noqa: E402
 from tracesynth.evaluate.windows import Split  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
-from tracesynth.masked import MaskedConfig, MaskedDiffusion  # noqa: E402
+from tracesynth.masked import UNMASK, MaskedConfig, MaskedDiffusion  # noqa: E402
 from tracesynth.splits import split_by_time  # noqa: E402
 
 LTTNG = REPO.parent / "shared" / "traces" / "lttng-wget-kernel"
 
 
 def _generators(args) -> dict[str, object]:
+    common = dict(context=args.context, d_model=args.d_model, n_layers=args.layers, steps=10**9,
+                  time_limit=args.train_seconds, chains=args.chains)
     gens: dict[str, object] = {
         "markov4": MarkovChain(order=4),
-        "masked": MaskedDiffusion(
-            MaskedConfig(
-                context=args.context, d_model=args.d_model, n_layers=args.layers, steps=10**9,
-                time_limit=args.train_seconds, sample_steps=args.sample_steps, unmask=args.unmask,
-            )
-        ),
+        "masked": MaskedDiffusion(MaskedConfig(**common)),
+        "ar": Autoregressive(ARConfig(**common)),
     }
-    if args.gaussian:
+    if args.gaussian or (args.only and "gaussian" in args.only):
         from tracesynth.diffusion.config import TraceSynthConfig
         from tracesynth.diffusion.synth import TraceSynth
 
         cfg = TraceSynthConfig(context=args.context, steps=10**9, time_limit=args.train_seconds)
         gens["gaussian"] = TraceSynth(cfg)
-    return gens
+    return {k: gens[k] for k in args.only} if args.only else gens  # in the order asked for
+
+
+def _samplings(gname: str, args) -> list[tuple[str, dict]]:
+    """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps."""
+    if gname != "masked":
+        return [(gname, {})]
+    out = []
+    for i, spec in enumerate(args.sample_steps):
+        steps, _, unmask = spec.partition(":")
+        setting = {"sample_steps": int(steps), "unmask": unmask or args.unmask}
+        out.append((gname if i == 0 else f"{gname}@{spec}", setting))
+    return out
+
+
+def _top_rules(report, k: int = 4) -> str:
+    top = sorted(((n, r) for r, n in report.counts.items() if n), reverse=True)[:k]
+    return ", ".join(f"{r} {n / max(report.events, 1):.1%}" for n, r in top) or "none"
 
 
 def bench_trace(name: str, trace, args) -> list[dict]:
+    t_setup = time.perf_counter()
     trace = trace.slice(args.skip, args.skip + args.max_events)
     train, test = split_by_time(trace, (0.7, 0.3))
     rules = mine_rules([train])
@@ -73,24 +98,35 @@ def bench_trace(name: str, trace, args) -> list[dict]:
     rows = []
     real_f1 = next_event_scores(wd.windows(train, stride=4), wd.test, n_ev, clf)["macro_f1"]
     rows.append({"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate})
+    print(f"{name}: {len(train):,} training / {len(test):,} test events; rules, real F1: "
+          f"{time.perf_counter() - t_setup:.0f} s", flush=True)
     for gname, gen in _generators(args).items():
         t0 = time.perf_counter()
         gen.fit([train])
         fit_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        raw = gen.sample(args.events, seed=0)
-        sample_s = time.perf_counter() - t0
-        _, rep = repair_trace(raw, rules, seed=0)
-        mem = memorisation(raw, train, 128)
-        f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
-        steps = gen.fit_info.get("train_steps")
-        rows.append({
-            "trace": name, "generator": gname, "fit_s": fit_s, "steps": steps,
-            "sample_ev_s": len(raw) / max(sample_s, 1e-9),
-            "rule_viol": check_trace(raw, rules).rate, "repair_edit": rep.edit_rate,
-            "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
-        })
-        print(_fmt(rows[-1]), flush=True)
+        info = gen.fit_info
+        train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
+        for rname, setting in _samplings(gname, args):
+            for k, v in setting.items():
+                setattr(gen.config, k, v)
+            t0 = time.perf_counter()
+            raw = gen.sample(args.events, seed=0)
+            sample_s = time.perf_counter() - t0
+            t_eval = time.perf_counter()
+            _, rep = repair_trace(raw, rules, seed=0)
+            mem = memorisation(raw, train, 128)
+            f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
+            check = check_trace(raw, rules)
+            rows.append({
+                "trace": name, "generator": rname, "fit_s": fit_s, "steps": info.get("train_steps"),
+                "train_ev_s": train_ev_s, "sample_ev_s": len(raw) / max(sample_s, 1e-9),
+                "rule_viol": check.rate, "repair_edit": rep.edit_rate,
+                "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
+                "rules": {r: n / max(check.events, 1) for r, n in check.counts.items() if n},
+            })
+            print(_fmt(rows[-1]), flush=True)
+            print(f"{'':24s}rules broken most: {_top_rules(check)}; scored in {time.perf_counter() - t_eval:.0f} s",
+                  flush=True)
     print(_fmt(rows[0]), flush=True)
     return rows
 
@@ -100,9 +136,11 @@ def _fmt(r: dict) -> str:
         v = r.get(k)
         return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
-    return (f"{r['trace']:10s} {r['generator']:9s} viol {f('rule_viol', '.3%'):>7s} edit {f('repair_edit', '.3%'):>7s} "
+    return (f"{r['trace']:10s} {r['generator']:12s} viol {f('rule_viol', '.3%'):>7s} "
+            f"edit {f('repair_edit', '.3%'):>7s} "
             f"jsd3 {f('jsd3', '.3f'):>5s} copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
-            f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
+            f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} train {f('train_ev_s', ',.0f'):>9s} ev/s "
+            f"sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
 
 
 def main() -> None:
@@ -116,8 +154,12 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--sample-steps", type=int, default=64)
-    ap.add_argument("--unmask", choices=["random", "confidence"], default="random")
+    ap.add_argument("--sample-steps", nargs="+", default=["64"],
+                    help="masked sampler steps, one row each; STEPS:UNMASK picks the unmasking order")
+    ap.add_argument("--chains", type=int, default=16, help="chains sampled in parallel by the token models")
+    ap.add_argument("--only", nargs="+", choices=["markov4", "masked", "ar", "gaussian"], default=None,
+                    help="fit only these generators (default: all but gaussian)")
+    ap.add_argument("--unmask", choices=list(UNMASK), default="random")
     ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

@@ -1,5 +1,5 @@
 """The interface every generator (the diffusion model and each baseline) implements, and the one
-registry that maps a kind ("diffusion", "markov", "sdv_par") to its class.
+registry that maps a kind ("diffusion", "masked", "ar", "markov", "sdv_par") to its class.
 
 Configs, the CLI and the evaluation harness build and load generators only through `make_generator`
 and `load_generator`, and read them only through the Generator protocol, so the harness scores every
@@ -94,14 +94,24 @@ def _masked_cls() -> type:
     return MaskedDiffusion
 
 
-def _masked(spec: Mapping[str, Any]) -> Generator:
-    from tracesynth.masked import MaskedConfig
+def _ar_cls() -> type:
+    from tracesynth.autoregressive import Autoregressive
 
-    try:
-        cfg = MaskedConfig(**dict(spec.get("config", {})))
-    except TypeError as exc:
-        raise TraceSynthError(f"masked diffusion config: {exc}") from None
-    return _masked_cls()(cfg)
+    return Autoregressive
+
+
+def _token_builder(cls: Callable[[], type]) -> Callable[[Mapping[str, Any]], Generator]:
+    """The builder of a token generator (tracesynth.tokenmodel) from {"config": {...its config's fields}}."""
+
+    def build(spec: Mapping[str, Any]) -> Generator:
+        gen_cls = cls()
+        try:
+            cfg = gen_cls.config_cls(**dict(spec.get("config", {})))
+        except TypeError as exc:
+            raise TraceSynthError(f"{gen_cls.config_cls.what} config: {exc}") from None
+        return gen_cls(cfg)
+
+    return build
 
 
 def _markov(spec: Mapping[str, Any]) -> Generator:
@@ -130,7 +140,8 @@ KINDS: dict[str, Kind] = {
             ("format", "tracesynth-diffusion"),
             ("sampler", "sampling_steps", "device", "progress"),
         ),
-        Kind("masked", _masked, _masked_cls, ("format", "tracesynth-masked-1")),
+        Kind("masked", _token_builder(_masked_cls), _masked_cls, ("format", "tracesynth-masked-1"), ("workload",)),
+        Kind("ar", _token_builder(_ar_cls), _ar_cls, ("format", "tracesynth-ar-1"), ("workload",)),
         Kind("markov", _markov, _markov_cls, ("kind", "markov")),
         Kind("sdv_par", _sdv_par, None, None),
     )

@@ -1,257 +1,70 @@
 """Masked (absorbing-state) discrete diffusion over the trace channels (MDLM, Sahoo et al. 2024).
 
-Every channel is a token: event type, cpu, per-window thread label, command, return-value bucket
-(from `ChannelCodec`) and the gap to the previous event as a quarter-log2 bucket. Training masks
-each token independently with a rate t ~ U(0, 1) per window and a transformer predicts the clean
-tokens (cross-entropy on the masked ones). Sampling starts from an all-masked window and unmasks the
-predictions in a random order (the reverse of the masking process; or the most confident first,
-`unmask="confidence"`), over a configurable number of steps; long traces are chains of
-windows, each conditioned on the last `overlap` events of the one before (inpainting), so threads
-and open syscalls carry across window boundaries. A gap bucket decodes to a gap drawn from the
-training trace's gaps of that bucket and event type.
+The tokens, chained sampling, decoding and storage are those of every token generator
+(`tracesynth.tokenmodel`). Training masks each token independently with a rate t ~ U(0, 1) per
+window and a bidirectional transformer predicts the clean tokens (cross-entropy on the masked ones).
+Sampling starts from an all-masked window and unmasks the predictions in a random order (the
+reverse of the masking process; or the most confident first, `unmask="confidence"`; or the earliest
+events first, `unmask="left"`), over a configurable number of steps; a chained window is
+conditioned on the overlap with the one before (inpainting).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-from torch import nn
 
-from atomicio import atomic_path
-from tracesynth.channels import CHANNELS_6, ChannelCodec
-from tracesynth.errors import TraceSynthError
-from tracesynth.trace import Trace
+from tracesynth.tokenmodel import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 
 FORMAT = "tracesynth-masked-1"
-CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
-DT_PER_OCTAVE = 4  # gap buckets per factor of two
-N_DT = DT_PER_OCTAVE * 40 + 1  # covers gaps up to 2**40 ns (~18 min); larger gaps share the last bucket
-GAPS_PER_CELL = 16  # real gaps kept per (event, gap bucket) to decode from
+UNMASK = ("random", "confidence", "left")
 
 
 @dataclass
-class MaskedConfig:
-    context: int = 256
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    dropout: float = 0.0
-    batch_size: int = 32
-    lr: float = 1e-3
-    warmup: int = 100
-    steps: int = 2000
-    time_limit: float | None = None  # seconds of training; stops before `steps` when reached
+class MaskedConfig(TokenConfig):
     sample_steps: int = 64
-    overlap: int | None = None  # events of the previous window each new window is conditioned on (context // 4)
-    chains: int = 8  # independent chains sampled in parallel
-    temperature: float = 1.0
-    unmask: str = "random"  # which masked tokens a step reveals: "random" (MDLM's reverse process) or "confidence"
-    max_tids: int = 32
-    seed: int = 0
+    # which masked tokens a step reveals: "random" (MDLM's reverse process), "confidence" (the most confident
+    # first) or "left" (the earliest events first, event type before the other channels: semi-autoregressive)
+    unmask: str = "random"
 
-    def __post_init__(self) -> None:
-        if self.overlap is None:
-            self.overlap = self.context // 4
-        checks = {
-            "context >= 16": self.context >= 16,
-            "d_model > 0 and divisible by n_heads": self.n_heads > 0 and self.d_model > 0
-            and self.d_model % self.n_heads == 0,
-            "n_layers > 0": self.n_layers > 0,
-            "batch_size > 0": self.batch_size > 0,
-            "steps >= 0": self.steps >= 0,
+    what: ClassVar[str] = "masked diffusion"
+
+    def _checks(self) -> dict[str, bool]:
+        return {
+            **super()._checks(),
             "sample_steps > 0": self.sample_steps > 0,
-            "0 <= overlap < context": 0 <= self.overlap < self.context,
-            "chains > 0": self.chains > 0,
-            "temperature > 0": self.temperature > 0,
-            "unmask in (random, confidence)": self.unmask in ("random", "confidence"),
+            "unmask in (random, confidence, left)": self.unmask in UNMASK,
         }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise TraceSynthError(f"masked diffusion config: need {', '.join(bad)}")
 
 
-def dt_bucket(gaps_ns: np.ndarray) -> np.ndarray:
-    """Quarter-octave bucket of each gap: 0 for a zero gap, then 1 + floor(4 * log2(gap))."""
-    g = np.asarray(gaps_ns, dtype=np.float64)
-    b = 1 + np.floor(DT_PER_OCTAVE * np.log2(np.maximum(g, 1.0))).astype(np.int64)
-    return np.where(g <= 0, 0, np.clip(b, 1, N_DT - 1))
-
-
-def _gaps(ts: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.diff(ts)]).astype(np.int64) if len(ts) else np.zeros(0, np.int64)
-
-
-class Denoiser(nn.Module):
+class Denoiser(ChannelTransformer):
     """Bidirectional transformer: summed channel embeddings (+ [MASK] per channel) -> logits per channel."""
 
-    def __init__(self, cfg: MaskedConfig, vocab: dict[str, int]):
-        super().__init__()
-        self.vocab = dict(vocab)
-        d = cfg.d_model
-        # ModuleDict keys are prefixed: "cpu" would clash with nn.Module.cpu
-        self.embed = nn.ModuleDict({f"c_{c}": nn.Embedding(v + 1, d) for c, v in vocab.items()})  # id v = [MASK]
-        self.pos = nn.Parameter(torch.randn(cfg.context, d) * 0.02)
-        layer = nn.TransformerEncoderLayer(
-            d, cfg.n_heads, 4 * d, cfg.dropout, activation="gelu", batch_first=True, norm_first=True
-        )
-        self.body = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(d)
-        self.heads = nn.ModuleDict({f"c_{c}": nn.Linear(d, v) for c, v in vocab.items()})
-        # small embeddings (as GPT-2): with nn.Embedding's N(0, 1) the six summed channel embeddings drown
-        # the positions, and a bidirectional model that cannot see positions cannot learn event order
-        for e in self.embed.values():
-            nn.init.normal_(e.weight, std=0.02)
-
     def forward(self, tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        x = sum(self.embed[f"c_{c}"](tokens[c]) for c in self.vocab)
-        x = self.norm(self.body(x + self.pos[: x.shape[1]]))
+        x = self.encode(self.condition(self.embed_tokens(tokens), tokens))
         return {c: self.heads[f"c_{c}"](x) for c in self.vocab}
 
 
-class MaskedDiffusion:
+class MaskedDiffusion(TokenModel):
     """Generator (fit / sample / save / load) of masked discrete diffusion over trace windows."""
 
     name = "masked"
+    format = FORMAT
+    config_cls = MaskedConfig
 
-    def __init__(self, config: MaskedConfig | None = None):
-        self.config = config or MaskedConfig()
-        self.codec: ChannelCodec | None = None
-        self.model: Denoiser | None = None
-        self.gap_table: dict[str, np.ndarray] = {}
-        self.seen: dict[str, torch.Tensor] = {}  # per channel: which tokens occur in training (only those are drawn)
-        self.history: dict[str, Any] = {}
-
-    @property
-    def n_params(self) -> int | None:
-        """Weights of the denoiser (None before fit/load)."""
-        return None if self.model is None else int(sum(p.numel() for p in self.model.parameters()))
-
-    @property
-    def fit_info(self) -> dict[str, Any]:
-        """Optimisation steps done (a time-limited fit stops early) and training windows seen."""
-        return {"train_steps": self.history.get("steps"), "train_windows": self.history.get("windows")}
-
-    # -- data ---------------------------------------------------------------------------------
-    @property
-    def vocab(self) -> dict[str, int]:
-        assert self.codec is not None
-        sizes = self.codec.vocab_sizes
-        return {c: (N_DT if c == "dt" else sizes[c]) for c in CHANNELS}
-
-    def _tokens(self, trace: Trace) -> dict[str, np.ndarray]:
-        enc = self.codec.encode(trace)
-        enc["dt"] = dt_bucket(_gaps(trace.ts))
-        return enc
-
-    def windows(self, traces: Sequence[Trace], stride: int | None = None) -> dict[str, np.ndarray]:
-        """Token windows [n, context] of every trace (cut inside a trace, never across traces)."""
-        L = self.config.context
-        stride = stride or L // 2
-        parts: list[dict[str, np.ndarray]] = []
-        for t in traces:
-            n = len(t)
-            if n < L:
-                continue
-            enc = self._tokens(t)
-            starts = np.arange(0, n - L + 1, stride)
-            idx = starts[:, None] + np.arange(L)[None, :]
-            w = {c: enc[c][idx] for c in CHANNELS}
-            w["tid"] = self.codec.relabel_tids(w["tid"])
-            parts.append(w)
-        if not parts:
-            raise TraceSynthError(f"no trace has {L} events (the context); give longer traces or a smaller context")
-        return {c: np.concatenate([p[c] for p in parts]) for c in CHANNELS}
-
-    def _fit_gap_table(self, traces: Sequence[Trace], rng: np.random.Generator) -> None:
-        """Up to GAPS_PER_CELL real gaps per (event token, gap bucket), as sorted CSR arrays."""
-        ev = np.concatenate([self.codec.encode(t)["event"] for t in traces])
-        gaps = np.concatenate([_gaps(t.ts) for t in traces])
-        key = ev * N_DT + dt_bucket(gaps)
-        order = np.lexsort((rng.random(len(key)), key))  # random order within each key
-        key, gaps = key[order], gaps[order]
-        uniq, first, counts = np.unique(key, return_index=True, return_counts=True)
-        take = np.minimum(counts, GAPS_PER_CELL)
-        rows = np.concatenate([np.arange(f, f + k) for f, k in zip(first, take, strict=True)])
-        self.gap_table = {
-            "keys": uniq.astype(np.int64),
-            "offsets": np.concatenate([[0], np.cumsum(take)]).astype(np.int64),
-            "gaps": gaps[rows].astype(np.int64),
-        }
-
-    def decode_gaps(self, events: np.ndarray, buckets: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """A real gap of the same event type and bucket; a log-uniform draw in the bucket if none was seen."""
-        keys, off, vals = self.gap_table["keys"], self.gap_table["offsets"], self.gap_table["gaps"]
-        key = events.astype(np.int64) * N_DT + buckets
-        i = np.clip(np.searchsorted(keys, key), 0, len(keys) - 1)
-        seen = keys[i] == key
-        lo, n = off[i], off[i + 1] - off[i]
-        pick = vals[np.minimum(lo + (rng.random(len(key)) * n).astype(np.int64), len(vals) - 1)]
-        lo_log = (buckets - 1 + rng.random(len(key))) / DT_PER_OCTAVE
-        drawn = np.where(buckets == 0, 0, np.rint(np.exp2(np.minimum(lo_log, 62.0)))).astype(np.int64)
-        return np.where(seen & (n > 0), pick, drawn)
-
-    # -- training -----------------------------------------------------------------------------
-    def fit(
-        self,
-        traces: Sequence[Trace],
-        progress: Callable[[int, float], None] | None = None,
-    ) -> MaskedDiffusion:
-        """Learn vocabularies, gap table and the denoiser; stops at `steps` or `time_limit` seconds."""
-        cfg = self.config
-        if not traces or not sum(len(t) for t in traces):
-            raise TraceSynthError("masked diffusion: no events to learn from")
-        torch.manual_seed(cfg.seed)
-        rng = np.random.default_rng(cfg.seed)
-        self.codec = ChannelCodec.fit(traces, CHANNELS, max_tids=cfg.max_tids)
-        self._fit_gap_table(traces, rng)
-        data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
-        self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
-        self.model = Denoiser(cfg, self.vocab)
-        opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
-        n = len(data["event"])
-        t0, step, losses = time.perf_counter(), 0, []
-        self.model.train()
-        while step < cfg.steps:
-            if cfg.time_limit is not None and time.perf_counter() - t0 >= cfg.time_limit:
-                break
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / max(cfg.steps, 1)))
-            for g in opt.param_groups:
-                g["lr"] = lr
-            idx = torch.from_numpy(rng.integers(0, n, cfg.batch_size))
-            loss = self.loss({c: v[idx] for c, v in data.items()})
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            opt.step()
-            step += 1
-            losses.append(loss.item())
-            if progress is not None:
-                progress(step, losses[-1])
-        self.model.eval()
-        self.history = {
-            "steps": step,
-            "train_seconds": time.perf_counter() - t0,
-            "windows": n,
-            "final_loss": float(np.mean(losses[-50:])) if losses else None,
-        }
-        return self
+    def _network(self) -> Denoiser:
+        return Denoiser(self.config, self.vocab, len(self.workloads))
 
     def loss(self, clean: dict[str, torch.Tensor]) -> torch.Tensor:
         """Masked cross-entropy: mask each token with rate t ~ U(0,1) per window, predict the clean ones."""
         b, L = clean["event"].shape
         t = torch.rand(b, 1).clamp_min(1e-3)
         masks = {c: torch.rand(b, L) < t for c in CHANNELS}
-        noisy = {c: torch.where(masks[c], self.vocab[c], clean[c]) for c in CHANNELS}
+        noisy = {**clean, **{c: torch.where(masks[c], self.vocab[c], clean[c]) for c in CHANNELS}}
         logits = self.model(noisy)
         total, count = 0.0, 0
         for c in CHANNELS:
@@ -261,7 +74,6 @@ class MaskedDiffusion:
                 count += int(m.sum())
         return total / max(count, 1)
 
-    # -- sampling -----------------------------------------------------------------------------
     @torch.no_grad()
     def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator) -> None:
         """Unmask every token not `known` ([b, L] event positions), a share per step, in place."""
@@ -279,14 +91,14 @@ class MaskedDiffusion:
             n_open = left - target
             logits = self.model(tokens)
             cand, conf = {}, []
-            for c in CHANNELS:
-                lg = logits[c].float().masked_fill(~self.seen[c], float("-inf"))
-                logp = torch.log_softmax(lg / cfg.temperature, dim=-1)
-                u = torch.rand(logp.shape, generator=gen).clamp_(1e-12, 1.0)
-                draw = torch.argmax(logp - torch.log(-torch.log(u)), dim=-1)  # Gumbel-max: a draw from softmax
+            for rank, c in enumerate(CHANNELS):
+                draw, logp = self._draw(logits[c], c, gen)
                 cand[c] = draw
                 if cfg.unmask == "confidence":
-                    score = torch.gather(logp, -1, draw[..., None])[..., 0].exp()
+                    score = logp.exp()
+                elif cfg.unmask == "left":  # position j before j + 1; within an event, CHANNELS order
+                    L = draw.shape[1]
+                    score = ((L - torch.arange(L, dtype=torch.float32)) * len(CHANNELS) - rank).expand_as(draw)
                 else:  # a uniformly random subset of the masked tokens
                     score = torch.rand(draw.shape, generator=gen)
                 conf.append(torch.where(masked[c], score, torch.full_like(score, -1.0)))
@@ -300,101 +112,3 @@ class MaskedDiffusion:
             for i, c in enumerate(CHANNELS):
                 tokens[c] = torch.where(chosen[i], cand[c], tokens[c])
                 masked[c] &= ~chosen[i]
-
-    def sample(self, n_events: int, seed: int = 0) -> Trace:
-        """A synthetic trace of n_events: `chains` chains of overlapping windows, concatenated."""
-        if self.model is None:
-            raise TraceSynthError("masked diffusion: sample() before fit()")
-        cfg = self.config
-        L, K = cfg.context, cfg.overlap
-        gen = torch.Generator().manual_seed(seed)
-        rng = np.random.default_rng(seed)
-        chains = max(1, min(cfg.chains, math.ceil(n_events / L)))
-        per_chain = math.ceil(n_events / chains)
-        n_windows = 1 + max(0, math.ceil((per_chain - L) / (L - K)))
-        out = {c: [] for c in CHANNELS}
-        tokens = {c: torch.zeros(chains, L, dtype=torch.long) for c in CHANNELS}
-        known = torch.zeros(chains, L, dtype=torch.bool)
-        labels = np.zeros((chains, 0), dtype=np.int64)  # chain-global thread label of each emitted event
-        next_label = np.ones(chains, dtype=np.int64)
-        for w in range(n_windows):
-            self._fill(tokens, known, gen)
-            win_tid = tokens["tid"].numpy()
-            new = slice(0 if w == 0 else K, L)
-            # per-window labels -> chain-global labels: those seen in the overlap keep their label
-            glob = np.zeros((chains, L), dtype=np.int64)
-            for b in range(chains):
-                mapping: dict[int, int] = {}
-                if w:
-                    for lab, g in zip(win_tid[b, :K], labels[b, -K:], strict=True):
-                        mapping.setdefault(int(lab), int(g))
-                for j in range(L):
-                    lab = int(win_tid[b, j])
-                    if lab <= 0:
-                        continue
-                    if lab not in mapping:
-                        mapping[lab] = int(next_label[b])
-                        next_label[b] += 1
-                    glob[b, j] = mapping[lab]
-            for c in CHANNELS:
-                out[c].append(tokens[c][:, new].numpy())
-            labels = np.concatenate([labels, glob[:, new]], axis=1)
-            if w + 1 < n_windows and K:
-                # the next window starts with this one's last K events, relabelled in first-seen order
-                tail = {c: tokens[c][:, L - K :].clone() for c in CHANNELS}
-                tail["tid"] = torch.from_numpy(self.codec.relabel_tids(np.where(glob[:, L - K :] > 0,
-                                                                                 glob[:, L - K :], -1)))
-                for c in CHANNELS:
-                    tokens[c] = torch.cat([tail[c], torch.zeros(chains, L - K, dtype=torch.long)], dim=1)
-                known = torch.zeros(chains, L, dtype=torch.bool)
-                known[:, :K] = True
-            else:
-                known = torch.zeros(chains, L, dtype=torch.bool)
-        seqs = {c: np.concatenate(out[c], axis=1) for c in CHANNELS}
-        # chain b's labels are offset so that threads of different chains never share a label
-        offset = np.concatenate([[0], np.cumsum(next_label - 1)[:-1]])[:, None]
-        seqs["tid"] = np.where(labels > 0, labels + offset, 0)
-        flat = {c: v[:, :per_chain].reshape(-1)[:n_events] for c, v in seqs.items()}
-        gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
-        windows = dict(flat)
-        windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std
-        codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
-        return codec.decode(windows, metadata={"generator": self.name, "seed": seed})
-
-    # -- storage ------------------------------------------------------------------------------
-    def save(self, directory: str | Path) -> Path:
-        if self.model is None:
-            raise TraceSynthError("masked diffusion: save() before fit()")
-        directory = Path(directory)
-        meta = {"format": FORMAT, "config": asdict(self.config), "history": self.history}
-        tensors = {f"gap_{k}": torch.from_numpy(v) for k, v in self.gap_table.items()}
-        tensors.update({f"seen_{c}": v for c, v in self.seen.items()})
-        with atomic_path(directory, directory=True, contents=("config.json", "vocab.json", "*.safetensors")) as tmp:
-            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
-            (tmp / "vocab.json").write_text(self.codec.dumps())
-            save_file(self.model.state_dict(), str(tmp / "model.safetensors"), metadata={"format": FORMAT})
-            save_file(tensors, str(tmp / "gaps.safetensors"))
-            tmp.chmod(0o755)
-        return directory
-
-    @classmethod
-    def load(cls, directory: str | Path) -> MaskedDiffusion:
-        directory = Path(directory)
-        try:
-            meta = json.loads((directory / "config.json").read_text())
-            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-                raise TraceSynthError(f"config.json is not a {FORMAT} model", directory)
-            self = cls(MaskedConfig(**meta["config"]))
-            self.history = dict(meta.get("history") or {})
-            self.codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
-            tables = load_file(str(directory / "gaps.safetensors"))
-            self.gap_table = {k[4:]: v.numpy() for k, v in tables.items() if k.startswith("gap_")}
-            self.seen = {c: tables[f"seen_{c}"] for c in CHANNELS}
-            self.model = Denoiser(self.config, self.vocab)
-            self.model.load_state_dict(load_file(str(directory / "model.safetensors")))
-        except TraceSynthError as exc:
-            raise exc if exc.path else TraceSynthError(str(exc), directory) from None
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-            raise TraceSynthError(f"not a masked diffusion model ({type(exc).__name__}: {exc})", directory) from None
-        self.model.eval()
-        return self

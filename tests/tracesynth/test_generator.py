@@ -48,7 +48,7 @@ def test_registry_builds_each_kind_behind_the_protocol() -> None:
     assert masked.config.overlap == 16 and isinstance(masked, Generator) and masked.n_params is None
     with pytest.raises(TraceSynthError, match="masked diffusion config"):
         make_generator({"kind": "masked", "config": {"width": 3}})
-    known = r"\(known: diffusion, masked, markov, sdv_par\)"
+    known = r"\(known: diffusion, masked, ar, markov, sdv_par\)"
     with pytest.raises(TraceSynthError, match=r"unknown generator kind 'gan' " + known):
         make_generator({"kind": "gan"})
     with pytest.raises(TraceSynthError, match="unknown generator kind None"):

@@ -11,7 +11,8 @@ import torch
 
 from tracesynth.errors import TraceSynthError
 from tracesynth.io import read_trace
-from tracesynth.masked import N_DT, MaskedConfig, MaskedDiffusion, dt_bucket
+from tracesynth.masked import MaskedConfig, MaskedDiffusion
+from tracesynth.tokenmodel import N_DT, dt_bucket
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(context=32, d_model=32, n_layers=1, n_heads=2, batch_size=8, sample_steps=4, overlap=8, chains=2)
@@ -113,3 +114,23 @@ def test_cli_fits_and_samples_a_masked_model(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "100", "-o", str(tmp_path / "s.parquet")])
     assert r.exit_code == 0, r.output
     assert len(read_trace(tmp_path / "s.parquet")) == 100
+
+
+def test_left_unmasking_reveals_the_earliest_events_first(fitted) -> None:
+    """unmask="left" with one step per event: before step s exactly the events < s are revealed."""
+    import dataclasses
+
+    L = fitted.config.context
+    left = MaskedDiffusion(dataclasses.replace(fitted.config, unmask="left", sample_steps=L))
+    left.codec, left.model, left.seen = fitted.codec, fitted.model, fitted.seen
+    seen_masks = []
+
+    def spy(tokens):
+        seen_masks.append((tokens["event"] == left.vocab["event"])[0].clone())
+        return fitted.model(tokens)
+
+    left.model = spy
+    tokens = {c: torch.zeros(1, L, dtype=torch.long) for c in fitted.vocab}
+    left._fill(tokens, torch.zeros(1, L, dtype=torch.bool), torch.Generator().manual_seed(0))
+    for s, m in enumerate(seen_masks):
+        assert torch.equal(m, torch.arange(L) >= s), s

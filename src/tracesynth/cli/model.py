@@ -21,7 +21,9 @@ def fit(
     data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
     kind: str = typer.Option(
-        "diffusion", "--kind", help="Generator: diffusion (the paper's Gaussian model), masked (discrete) or markov."
+        "diffusion",
+        "--kind",
+        help="Generator: diffusion (the paper's Gaussian model), masked (discrete), ar (autoregressive) or markov.",
     ),
     order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
     context: int = typer.Option(1024, "--context", help="Events per window (L)."),
@@ -38,6 +40,9 @@ def fit(
     seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and noise."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
     resume: bool = typer.Option(False, "--resume", help="Continue training the model in -o from its last checkpoint."),
+    conditional: bool = typer.Option(
+        False, "--conditional", help="masked/ar: one model for the traces' workloads (sample it with --workload)."
+    ),
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
@@ -64,6 +69,8 @@ def fit(
     gen_kind = get_kind(kind)
     if gen_kind.cls is None:
         raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
+    if conditional and gen_kind.name not in ("masked", "ar"):
+        raise TraceSynthError(f"--conditional applies to masked and ar models, not a {kind} one")
     if resume and gen_kind.name != "diffusion":
         raise TraceSynthError(f"--resume continues a diffusion model's training, not a {kind} one")
     _set_threads(threads)
@@ -77,10 +84,11 @@ def fit(
         key = salt_or_random(salt)  # one salt for all traces: the same program gets the same label in each
         traces = [anonymize_trace(t, key) for t in traces]
     if gen_kind.name != "diffusion":
-        if gen_kind.name == "masked":
-            masked_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
-                          "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed}
-            gen = make_generator({"kind": "masked", "config": masked_cfg}).fit(traces)
+        if gen_kind.name in ("masked", "ar"):
+            token_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
+                         "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed,
+                         "conditional": conditional}
+            gen = make_generator({"kind": gen_kind.name, "config": token_cfg}).fit(traces)
             what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
         else:
             gen = make_generator({"kind": kind, "order": order}).fit(traces)
@@ -137,6 +145,7 @@ def sample(
     sampling_steps: int = typer.Option(None, "--sampling-steps", help="Steps of the ddim sampler."),
     repair: Path = typer.Option(None, "--repair", help="Constraint rules (JSON) to repair the sample with."),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: the model's)."),
+    workload: str = typer.Option(None, "--workload", help="The workload to draw (a model fitted with --conditional)."),
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
@@ -146,7 +155,7 @@ def sample(
 
     rules = Rules.load(repair) if repair is not None else None  # a bad rules file fails before sampling
     gen_kind = saved_kind(model)
-    given = {"sampler": sampler, "sampling_steps": sampling_steps, "device": device}
+    given = {"sampler": sampler, "sampling_steps": sampling_steps, "device": device, "workload": workload}
     opts = {k: v for k, v in given.items() if v is not None}
     unknown = [f"--{k.replace('_', '-')}" for k in opts if k not in gen_kind.sample_options]
     if unknown:

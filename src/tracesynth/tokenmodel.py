@@ -1,0 +1,411 @@
+"""What the token generators (masked diffusion, `tracesynth.masked`; autoregressive,
+`tracesynth.autoregressive`) share: the channel tokens, the network body, training, chained
+sampling, decoding back to a Trace, and storage.
+
+Every channel is a token: event type, cpu, per-window thread label, command, return-value bucket
+(from `ChannelCodec`) and the gap to the previous event as a quarter-log2 bucket; a gap bucket
+decodes to a gap drawn from the training trace's gaps of that bucket and event type. A model
+fills windows of `context` events; long traces are chains of windows, each conditioned on the last
+`overlap` events of the one before, so threads and open syscalls carry across window boundaries.
+With `conditional`, one model learns several workloads (the traces' `workload` metadata): a learned
+vector per workload is added at every position, and sample(..., workload=NAME) draws that one.
+A subclass gives its network (`_network`), its training loss (`loss`) and how it fills the unknown
+events of a window (`_fill`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from atomicio import atomic_path
+from tracesynth.channels import CHANNELS_6, ChannelCodec
+from tracesynth.errors import TraceSynthError
+from tracesynth.trace import Trace
+
+CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
+DT_PER_OCTAVE = 4  # gap buckets per factor of two
+N_DT = DT_PER_OCTAVE * 40 + 1  # covers gaps up to 2**40 ns (~18 min); larger gaps share the last bucket
+GAPS_PER_CELL = 16  # real gaps kept per (event, gap bucket) to decode from
+
+
+@dataclass
+class TokenConfig:
+    context: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    dropout: float = 0.0
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup: int = 100
+    steps: int = 2000
+    time_limit: float | None = None  # seconds of training; stops before `steps` when reached
+    overlap: int | None = None  # events of the previous window each new window is conditioned on (context // 4)
+    chains: int = 8  # independent chains sampled in parallel
+    temperature: float = 1.0
+    max_tids: int = 32
+    conditional: bool = False  # learn one vector per workload (trace metadata "workload"); sample(workload=)
+    seed: int = 0
+
+    what: ClassVar[str] = "token model"  # for error messages
+
+    def _checks(self) -> dict[str, bool]:
+        return {
+            "context >= 16": self.context >= 16,
+            "d_model > 0 and divisible by n_heads": self.n_heads > 0 and self.d_model > 0
+            and self.d_model % self.n_heads == 0,
+            "n_layers > 0": self.n_layers > 0,
+            "batch_size > 0": self.batch_size > 0,
+            "steps >= 0": self.steps >= 0,
+            "0 <= overlap < context": 0 <= self.overlap < self.context,
+            "chains > 0": self.chains > 0,
+            "temperature > 0": self.temperature > 0,
+        }
+
+    def __post_init__(self) -> None:
+        if self.overlap is None:
+            self.overlap = self.context // 4
+        bad = [k for k, ok in self._checks().items() if not ok]
+        if bad:
+            raise TraceSynthError(f"{self.what} config: need {', '.join(bad)}")
+
+
+def dt_bucket(gaps_ns: np.ndarray) -> np.ndarray:
+    """Quarter-octave bucket of each gap: 0 for a zero gap, then 1 + floor(4 * log2(gap))."""
+    g = np.asarray(gaps_ns, dtype=np.float64)
+    b = 1 + np.floor(DT_PER_OCTAVE * np.log2(np.maximum(g, 1.0))).astype(np.int64)
+    return np.where(g <= 0, 0, np.clip(b, 1, N_DT - 1))
+
+
+def _gaps(ts: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.diff(ts)]).astype(np.int64) if len(ts) else np.zeros(0, np.int64)
+
+
+class ChannelTransformer(nn.Module):
+    """Summed channel embeddings (+ [MASK] per channel) + positions -> transformer -> hidden [b, L, d]."""
+
+    def __init__(self, cfg: TokenConfig, vocab: dict[str, int], n_workloads: int = 0):
+        super().__init__()
+        self.vocab = dict(vocab)
+        d = cfg.d_model
+        self.workload = nn.Embedding(n_workloads, d) if n_workloads else None
+        # ModuleDict keys are prefixed: "cpu" would clash with nn.Module.cpu
+        self.embed = nn.ModuleDict({f"c_{c}": nn.Embedding(v + 1, d) for c, v in vocab.items()})  # id v = [MASK]
+        self.pos = nn.Parameter(torch.randn(cfg.context, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            d, cfg.n_heads, 4 * d, cfg.dropout, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.body = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.heads = nn.ModuleDict({f"c_{c}": nn.Linear(d, v) for c, v in vocab.items()})
+        # small embeddings (as GPT-2): with nn.Embedding's N(0, 1) the six summed channel embeddings drown
+        # the positions, and a model that cannot see positions cannot learn event order
+        for e in self.embed.values():
+            nn.init.normal_(e.weight, std=0.02)
+
+    def embed_tokens(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sum(self.embed[f"c_{c}"](tokens[c]) for c in self.vocab)
+
+    def condition(self, x: torch.Tensor, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        """x [b, n, d] plus the vector of each window's workload (tokens["workload"], [b]) if conditional."""
+        return x if self.workload is None else x + self.workload(tokens["workload"])[:, None]
+
+    def encode(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """Hidden states of embedded inputs x [b, L, d] (each position sees only earlier ones if causal)."""
+        x = x + self.pos[: x.shape[1]]
+        if causal:
+            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            return self.norm(self.body(x, mask=mask, is_causal=True))
+        return self.norm(self.body(x))
+
+
+class TokenModel:
+    """Generator (fit / sample / save / load) over token windows; subclasses give the network and the fill."""
+
+    name = "token"
+    format = "tracesynth-token"
+    config_cls: type[TokenConfig] = TokenConfig
+
+    def __init__(self, config: TokenConfig | None = None):
+        self.config = config or self.config_cls()
+        self.codec: ChannelCodec | None = None
+        self.model: nn.Module | None = None
+        self.gap_table: dict[str, np.ndarray] = {}
+        self.seen: dict[str, torch.Tensor] = {}  # per channel: which tokens occur in training (only those are drawn)
+        self.workloads: list[str] = []  # the workloads a conditional model learned, by index
+        self.history: dict[str, Any] = {}
+
+    # -- what a subclass gives ----------------------------------------------------------------
+    def _network(self) -> nn.Module:
+        raise NotImplementedError
+
+    def loss(self, clean: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator) -> None:
+        """Fill every event not `known` ([b, L]; known events are a prefix of each window), in place."""
+        raise NotImplementedError
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def n_params(self) -> int | None:
+        """Weights of the network (None before fit/load)."""
+        return None if self.model is None else int(sum(p.numel() for p in self.model.parameters()))
+
+    @property
+    def fit_info(self) -> dict[str, Any]:
+        """Optimisation steps done (a time-limited fit stops early), training windows and events seen."""
+        h = self.history
+        return {"train_steps": h.get("steps"), "train_windows": h.get("windows"),
+                "train_seconds": h.get("train_seconds"), "train_events_per_s": h.get("train_events_per_s")}
+
+    # -- data ---------------------------------------------------------------------------------
+    @property
+    def vocab(self) -> dict[str, int]:
+        assert self.codec is not None
+        sizes = self.codec.vocab_sizes
+        return {c: (N_DT if c == "dt" else sizes[c]) for c in CHANNELS}
+
+    def _tokens(self, trace: Trace) -> dict[str, np.ndarray]:
+        enc = self.codec.encode(trace)
+        enc["dt"] = dt_bucket(_gaps(trace.ts))
+        return enc
+
+    def _workload_of(self, trace: Trace) -> str:
+        name = trace.metadata.get("workload")
+        if not isinstance(name, str) or not name:
+            raise TraceSynthError(f"{self.config.what}: conditional training needs each trace's workload name "
+                                  "(metadata 'workload')")
+        return name
+
+    def windows(self, traces: Sequence[Trace], stride: int | None = None) -> dict[str, np.ndarray]:
+        """Token windows [n, context] of every trace (cut inside a trace, never across traces);
+        a conditional model's also carry each window's workload index ("workload", [n])."""
+        L = self.config.context
+        stride = stride or L // 2
+        parts: list[dict[str, np.ndarray]] = []
+        for t in traces:
+            n = len(t)
+            if n < L:
+                continue
+            enc = self._tokens(t)
+            starts = np.arange(0, n - L + 1, stride)
+            idx = starts[:, None] + np.arange(L)[None, :]
+            w = {c: enc[c][idx] for c in CHANNELS}
+            w["tid"] = self.codec.relabel_tids(w["tid"])
+            if self.config.conditional:
+                w["workload"] = np.full(len(starts), self.workloads.index(self._workload_of(t)), dtype=np.int64)
+            parts.append(w)
+        if not parts:
+            raise TraceSynthError(f"no trace has {L} events (the context); give longer traces or a smaller context")
+        return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+
+    def _fit_gap_table(self, traces: Sequence[Trace], rng: np.random.Generator) -> None:
+        """Up to GAPS_PER_CELL real gaps per (event token, gap bucket), as sorted CSR arrays."""
+        ev = np.concatenate([self.codec.encode(t)["event"] for t in traces])
+        gaps = np.concatenate([_gaps(t.ts) for t in traces])
+        key = ev * N_DT + dt_bucket(gaps)
+        order = np.lexsort((rng.random(len(key)), key))  # random order within each key
+        key, gaps = key[order], gaps[order]
+        uniq, first, counts = np.unique(key, return_index=True, return_counts=True)
+        take = np.minimum(counts, GAPS_PER_CELL)
+        rows = np.concatenate([np.arange(f, f + k) for f, k in zip(first, take, strict=True)])
+        self.gap_table = {
+            "keys": uniq.astype(np.int64),
+            "offsets": np.concatenate([[0], np.cumsum(take)]).astype(np.int64),
+            "gaps": gaps[rows].astype(np.int64),
+        }
+
+    def decode_gaps(self, events: np.ndarray, buckets: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """A real gap of the same event type and bucket; a log-uniform draw in the bucket if none was seen."""
+        keys, off, vals = self.gap_table["keys"], self.gap_table["offsets"], self.gap_table["gaps"]
+        key = events.astype(np.int64) * N_DT + buckets
+        i = np.clip(np.searchsorted(keys, key), 0, len(keys) - 1)
+        seen = keys[i] == key
+        lo, n = off[i], off[i + 1] - off[i]
+        pick = vals[np.minimum(lo + (rng.random(len(key)) * n).astype(np.int64), len(vals) - 1)]
+        lo_log = (buckets - 1 + rng.random(len(key))) / DT_PER_OCTAVE
+        drawn = np.where(buckets == 0, 0, np.rint(np.exp2(np.minimum(lo_log, 62.0)))).astype(np.int64)
+        return np.where(seen & (n > 0), pick, drawn)
+
+    # -- training -----------------------------------------------------------------------------
+    def fit(
+        self,
+        traces: Sequence[Trace],
+        progress: Callable[[int, float], None] | None = None,
+    ) -> TokenModel:
+        """Learn vocabularies, gap table and the network; stops at `steps` or `time_limit` seconds."""
+        cfg = self.config
+        if not traces or not sum(len(t) for t in traces):
+            raise TraceSynthError(f"{self.config.what}: no events to learn from")
+        torch.manual_seed(cfg.seed)
+        rng = np.random.default_rng(cfg.seed)
+        self.codec = ChannelCodec.fit(traces, CHANNELS, max_tids=cfg.max_tids)
+        self.workloads = sorted({self._workload_of(t) for t in traces}) if cfg.conditional else []
+        self._fit_gap_table(traces, rng)
+        data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
+        self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
+        self.model = self._network()
+        opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+        n = len(data["event"])
+        t0, step, losses = time.perf_counter(), 0, []
+        self.model.train()
+        while step < cfg.steps:
+            if cfg.time_limit is not None and time.perf_counter() - t0 >= cfg.time_limit:
+                break
+            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / max(cfg.steps, 1)))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            idx = torch.from_numpy(rng.integers(0, n, cfg.batch_size))
+            loss = self.loss({c: v[idx] for c, v in data.items()})
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            losses.append(loss.item())
+            if progress is not None:
+                progress(step, losses[-1])
+        self.model.eval()
+        seconds = time.perf_counter() - t0
+        self.history = {
+            "steps": step,
+            "train_seconds": seconds,
+            "windows": n,
+            # events through the network per second of training (each step: batch_size windows of context)
+            "train_events_per_s": step * cfg.batch_size * cfg.context / max(seconds, 1e-9),
+            "final_loss": float(np.mean(losses[-50:])) if losses else None,
+        }
+        return self
+
+    # -- sampling -----------------------------------------------------------------------------
+    def sample(self, n_events: int, seed: int = 0, workload: str | None = None) -> Trace:
+        """A synthetic trace of n_events: `chains` chains of overlapping windows, concatenated.
+
+        A conditional model draws `workload` (one it learned; None: chain b draws workload b mod their number).
+        """
+        if self.model is None:
+            raise TraceSynthError(f"{self.config.what}: sample() before fit()")
+        if workload is not None and workload not in self.workloads:
+            known = f"it knows {', '.join(self.workloads)}" if self.workloads else "it is not conditional"
+            raise TraceSynthError(f"{self.config.what}: no workload {workload!r} ({known})")
+        cfg = self.config
+        L, K = cfg.context, cfg.overlap
+        gen = torch.Generator().manual_seed(seed)
+        rng = np.random.default_rng(seed)
+        chains = max(1, min(cfg.chains, math.ceil(n_events / L)))
+        per_chain = math.ceil(n_events / chains)
+        n_windows = 1 + max(0, math.ceil((per_chain - L) / (L - K)))
+        out = {c: [] for c in CHANNELS}
+        tokens = {c: torch.zeros(chains, L, dtype=torch.long) for c in CHANNELS}
+        if self.workloads:
+            which = [self.workloads.index(workload)] * chains if workload else np.arange(chains) % len(self.workloads)
+            tokens["workload"] = torch.as_tensor(which, dtype=torch.long)
+        known = torch.zeros(chains, L, dtype=torch.bool)
+        labels = np.zeros((chains, 0), dtype=np.int64)  # chain-global thread label of each emitted event
+        next_label = np.ones(chains, dtype=np.int64)
+        for w in range(n_windows):
+            self._fill(tokens, known, gen)
+            win_tid = tokens["tid"].numpy()
+            new = slice(0 if w == 0 else K, L)
+            # per-window labels -> chain-global labels: those seen in the overlap keep their label
+            glob = np.zeros((chains, L), dtype=np.int64)
+            for b in range(chains):
+                mapping: dict[int, int] = {}
+                if w:
+                    for lab, g in zip(win_tid[b, :K], labels[b, -K:], strict=True):
+                        mapping.setdefault(int(lab), int(g))
+                for j in range(L):
+                    lab = int(win_tid[b, j])
+                    if lab <= 0:
+                        continue
+                    if lab not in mapping:
+                        mapping[lab] = int(next_label[b])
+                        next_label[b] += 1
+                    glob[b, j] = mapping[lab]
+            for c in CHANNELS:
+                out[c].append(tokens[c][:, new].numpy())
+            labels = np.concatenate([labels, glob[:, new]], axis=1)
+            if w + 1 < n_windows and K:
+                # the next window starts with this one's last K events, relabelled in first-seen order
+                tail = {c: tokens[c][:, L - K :].clone() for c in CHANNELS}
+                tail["tid"] = torch.from_numpy(self.codec.relabel_tids(np.where(glob[:, L - K :] > 0,
+                                                                                 glob[:, L - K :], -1)))
+                for c in CHANNELS:
+                    tokens[c] = torch.cat([tail[c], torch.zeros(chains, L - K, dtype=torch.long)], dim=1)
+                known = torch.zeros(chains, L, dtype=torch.bool)
+                known[:, :K] = True
+            else:
+                known = torch.zeros(chains, L, dtype=torch.bool)
+        seqs = {c: np.concatenate(out[c], axis=1) for c in CHANNELS}
+        # chain b's labels are offset so that threads of different chains never share a label
+        offset = np.concatenate([[0], np.cumsum(next_label - 1)[:-1]])[:, None]
+        seqs["tid"] = np.where(labels > 0, labels + offset, 0)
+        flat = {c: v[:, :per_chain].reshape(-1)[:n_events] for c, v in seqs.items()}
+        gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
+        windows = dict(flat)
+        windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std
+        codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
+        meta = {"generator": self.name, "seed": seed, **({"workload": workload} if workload else {})}
+        return codec.decode(windows, metadata=meta)
+
+    def _draw(self, logits: torch.Tensor, c: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token of channel c from softmax(logits / temperature) over tokens seen in training, and its log-prob."""
+        lg = logits.float().masked_fill(~self.seen[c], float("-inf"))
+        logp = torch.log_softmax(lg / self.config.temperature, dim=-1)
+        u = torch.rand(logp.shape, generator=gen).clamp_(1e-12, 1.0)
+        draw = torch.argmax(logp - torch.log(-torch.log(u)), dim=-1)  # Gumbel-max: a draw from softmax
+        return draw, torch.gather(logp, -1, draw[..., None])[..., 0]
+
+    # -- storage ------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        if self.model is None:
+            raise TraceSynthError(f"{self.config.what}: save() before fit()")
+        directory = Path(directory)
+        meta = {"format": self.format, "config": asdict(self.config), "workloads": self.workloads,
+                "history": self.history}
+        tensors = {f"gap_{k}": torch.from_numpy(v) for k, v in self.gap_table.items()}
+        tensors.update({f"seen_{c}": v for c, v in self.seen.items()})
+        with atomic_path(directory, directory=True, contents=("config.json", "vocab.json", "*.safetensors")) as tmp:
+            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
+            (tmp / "vocab.json").write_text(self.codec.dumps())
+            save_file(self.model.state_dict(), str(tmp / "model.safetensors"), metadata={"format": self.format})
+            save_file(tensors, str(tmp / "gaps.safetensors"))
+            tmp.chmod(0o755)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> TokenModel:
+        directory = Path(directory)
+        what = cls.config_cls.what
+        try:
+            meta = json.loads((directory / "config.json").read_text())
+            if not isinstance(meta, dict) or meta.get("format") != cls.format:
+                raise TraceSynthError(f"config.json is not a {cls.format} model", directory)
+            self = cls(cls.config_cls(**meta["config"]))
+            self.history = dict(meta.get("history") or {})
+            self.workloads = [str(w) for w in meta.get("workloads") or []]
+            self.codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
+            tables = load_file(str(directory / "gaps.safetensors"))
+            self.gap_table = {k[4:]: v.numpy() for k, v in tables.items() if k.startswith("gap_")}
+            self.seen = {c: tables[f"seen_{c}"] for c in CHANNELS}
+            self.model = self._network()
+            self.model.load_state_dict(load_file(str(directory / "model.safetensors")))
+        except TraceSynthError as exc:
+            raise exc if exc.path else TraceSynthError(str(exc), directory) from None
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
+            raise TraceSynthError(f"not a {what} model ({type(exc).__name__}: {exc})", directory) from None
+        self.model.eval()
+        return self

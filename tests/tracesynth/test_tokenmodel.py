@@ -1,0 +1,69 @@
+"""What the token generators share: one conditional model learns several workloads and draws the one asked for."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from tracesynth.autoregressive import ARConfig, Autoregressive
+from tracesynth.errors import TraceSynthError
+from tracesynth.io import read_trace
+from tracesynth.masked import MaskedConfig, MaskedDiffusion
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = dict(context=32, d_model=32, n_layers=1, n_heads=2, batch_size=16, overlap=8, chains=4, sample_steps=8)
+
+
+@pytest.fixture(scope="module")
+def two():
+    return [read_trace(REPO / "data" / f"{w}.parquet").slice(20000, 23000) for w in ("sqlite", "fio")]
+
+
+def _tv(a, b) -> float:
+    """Total variation distance of the event-type histograms of two traces."""
+    p, q = Counter(a.table["event"].to_pylist()), Counter(b.table["event"].to_pylist())
+    return 0.5 * sum(abs(p[k] / len(a) - q[k] / len(b)) for k in set(p) | set(q))
+
+
+@pytest.mark.parametrize("cls, cfg", [(Autoregressive, ARConfig), (MaskedDiffusion, MaskedConfig)])
+def test_a_conditional_model_draws_the_workload_asked_for(cls, cfg, two, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    fields = {k: v for k, v in TINY.items() if k in cfg.__dataclass_fields__}
+    model = cls(cfg(**fields, steps=150, conditional=True)).fit(two)
+    assert model.workloads == ["fio", "sqlite"]
+    model.save(tmp_path / "m")
+    back = cls.load(tmp_path / "m")
+    for real, other in (two, two[::-1]):
+        name = real.metadata["workload"]
+        s = back.sample(400, seed=0, workload=name)
+        assert s.metadata["workload"] == name and s == model.sample(400, seed=0, workload=name)
+        assert _tv(s, real) < _tv(s, other) - 0.15, (name, _tv(s, real), _tv(s, other))
+    with pytest.raises(TraceSynthError, match="no workload 'stream' .it knows fio, sqlite"):
+        back.sample(10, workload="stream")
+    nameless = two[0].slice(0, 100)
+    nameless.metadata.pop("workload")
+    with pytest.raises(TraceSynthError, match="workload name"):
+        cls(cfg(**fields, steps=1, conditional=True)).fit([nameless])
+
+
+def test_cli_conditional_fit_and_workload_sample(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tracesynth.cli import app
+
+    data = [str(REPO / "data" / f"{w}.parquet") for w in ("sqlite", "fio")]
+    r = CliRunner().invoke(app, ["fit", *data, "-o", str(tmp_path / "m"), "--kind", "ar", "--conditional",
+                                 "--context", "32", "--d-model", "16", "--layers", "1", "--steps", "2",
+                                 "--batch-size", "2"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "s.parquet"
+    r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "50", "--workload", "fio", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert len(read_trace(out)) == 50 and read_trace(out).metadata["workload"] == "fio"
+    r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "5", "--workload", "x", "-o", str(out)])
+    assert isinstance(r.exception, TraceSynthError) and "no workload 'x'" in str(r.exception)
+    r = CliRunner().invoke(app, ["fit", data[0], "-o", str(tmp_path / "k"), "--kind", "markov", "--conditional"])
+    assert isinstance(r.exception, TraceSynthError) and "--conditional applies to masked" in str(r.exception)
