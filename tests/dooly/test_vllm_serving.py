@@ -153,3 +153,17 @@ def test_cli_refuses_vllm_cleanly_without_it(tmp_path):
     )  # fmt: skip
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "vLLM is not importable" in proc.stderr + proc.stdout
+
+
+def test_vllm_simulation_falls_back_to_hf_profiles_and_says_so(monkeypatch, capsys):
+    import dooly.cli.serve as serve_cli
+
+    def fake(model, db, dtype, threads, engine):
+        if engine == "vllm":
+            raise DoolyError("no profiles taken with vllm")
+        return f"predictor<{engine}>"
+
+    monkeypatch.setattr(serve_cli, "load_latency_model", fake)
+    assert serve_cli.serving_latency_model("m", "db", "bfloat16", 1, "vllm") == ("predictor<hf-eager>", "hf-eager")
+    assert "ops profiled with hf-eager" in capsys.readouterr().out
+    assert serve_cli.serving_latency_model("m", "db", "bfloat16", 1, "hf-eager") == ("predictor<hf-eager>", "hf-eager")

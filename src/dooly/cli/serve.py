@@ -58,7 +58,7 @@ def serving_latency_model(model: str, db: Path, dtype: str, threads: int | None,
         return load_latency_model(model, db, dtype, threads, engine), engine
     try:
         return load_latency_model(model, db, dtype, threads, "vllm"), "vllm"
-    except DoolyError as exc:
+    except (DoolyError, ImportError) as exc:  # no vLLM engine, no vLLM installed, or no profiles from it
         out.print(f"[yellow]ops profiled with {DEFAULT_ENGINE}[/] (no vLLM profiles for {model}: {exc})")
         return load_latency_model(model, db, dtype, threads, DEFAULT_ENGINE), DEFAULT_ENGINE
 

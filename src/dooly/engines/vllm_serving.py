@@ -238,8 +238,10 @@ class VLLMServer:
             ignore_eos=True, goodput_config_dict={}, max_concurrency=None, lora_modules=None, extra_headers=None,
             extra_body=None, self_timed=True, ready_check_timeout_sec=60,
         )  # fmt: skip
-        with (self.workdir / "bench.log").open("a") as fh, contextlib.redirect_stdout(fh):
-            result = asyncio.run(coro)
+        # its report and progress bars go to the log; dooly prints its own
+        with (self.workdir / "bench.log").open("a") as fh:
+            with contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+                result = asyncio.run(coro)
         return BenchRun.from_result(workload, result)
 
 
