@@ -35,7 +35,7 @@ type may not pair). After max_rounds the remaining violators are dropped (a call
 by its entry; a gap the time fix could not clamp goes too), round by round, with only fixes that
 relabel or clamp in between (no inserted switch, no walk); the trace shrinks each time, so repair
 always terminates with zero violations. Every step is a fixed number of whole-column passes and
-the number of rounds does not grow with the trace (about 100 on the badly broken samples of
+the number of rounds does not grow with the trace (82-96 on stream's badly broken samples in
 bench/bench_constraints.py at 10,000 to 100,000 events), so repair time grows about linearly.
 `RepairReport.edits` says which step made the edits.
 """
