@@ -368,3 +368,12 @@ def test_shared_lttng_trace_held_out_block(lttng_wget) -> None:
     assert rep.events == len(test)
     fixed, _ = repair_trace(test, rules, seed=0)
     assert check_trace(fixed, rules).total == 0
+
+
+def test_repair_of_exits_with_no_entry_anywhere(trace: Trace, rules: Rules) -> None:
+    """Only exits (no thread ever has a call open to hand them to): they go, and nothing else does."""
+    keep = [not e.startswith("syscall_entry_") for e in trace.column("event").to_pylist()]
+    only_exits = Trace(trace.table.filter(pa.array(keep)), trace.metadata)
+    assert check_trace(only_exits, rules).counts["syscall.pairing"] > 0
+    fixed, _ = repair_trace(only_exits, rules, seed=0)
+    assert check_trace(fixed, rules).total == 0

@@ -19,10 +19,10 @@ One round applies, in order (each step re-detects on the current arrays, all vec
 3. impossible successors (global and per thread): where some type may sit between the
    predecessor and the event (a dropped event), it is inserted (never a syscall event on a
    thread: that would undo step 2, which would insert again, round after round); otherwise the
-   event type is resampled from the successors of its predecessor (weighted by the mined counts), restricted to
-   what the thread's previous event allows and to types the next event may follow (a correctly
-   paired syscall event keeps its type and its predecessor is resampled instead; an event no
-   allowed type can replace is dropped);
+   event type is resampled from the successors of its predecessor (weighted by the mined
+   counts), restricted to what the thread's previous event allows and to types the next event
+   may follow (a correctly paired syscall event keeps its type and its predecessor is resampled
+   instead; an event no allowed type can replace is dropped);
 4. return values resampled from the valid symbols of the event type (null where it has none),
    commands resampled from those seen issuing the event type;
 5. time: each gap is clamped into the intersection of its event and transition bounds and the
@@ -35,7 +35,7 @@ type may not pair). After max_rounds the remaining violators are dropped (a call
 by its entry; a gap the time fix could not clamp goes too), round by round, with only fixes that
 relabel or clamp in between (no inserted switch, no walk); the trace shrinks each time, so repair
 always terminates with zero violations. Every step is a fixed number of whole-column passes and
-the number of rounds does not grow with the trace (about 100 on the badly broken samples of
+the number of rounds does not grow with the trace (82-96 on stream's badly broken samples in
 bench/bench_constraints.py at 10,000 to 100,000 events), so repair time grows about linearly.
 `RepairReport.edits` says which step made the edits.
 """
@@ -242,8 +242,9 @@ def _hand_over_orphans(s: _State, f: Found, look_back: int = 8) -> int:
     nxt[prev[has]] = idx[has]
     entries = idx[c.is_entry[s.ev[idx]]]
     closes = nxt[entries]
-    stays_open = (closes > 0) & ~c.is_exit[s.ev[np.minimum(closes, s.n - 1)]] | (closes == s.n)
-    entries = entries[stays_open]
+    entries = entries[(closes == s.n) | ~c.is_exit[s.ev[np.minimum(closes, s.n - 1)]]]
+    if not len(entries):
+        return 0
     # entries grouped by call, in time order inside each call
     key_e = c.call_of[s.ev[entries]] * (s.n + 1) + entries
     srt = np.argsort(key_e)
