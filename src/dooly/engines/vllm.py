@@ -46,6 +46,9 @@ class _State:
         self.groups = groups  # (KV-cache spec, layer names, metadata builder)
         self.layers = layers  # layer name -> vLLM attention layer
 
+    def __deepcopy__(self, memo: dict) -> _State:
+        return self  # the model's, shared by every copy of a step's inputs (only the caches are per step)
+
 
 class VLLMEngine(Engine):
     """vLLM (CPU backend, eager). ``dtype`` is the weight/activation dtype of every model it builds."""
