@@ -117,7 +117,7 @@ class VLLMEngine(Engine):
             raise DoolyError(f"vLLM cannot configure {path.name}: {str(exc).splitlines()[0][:300]}") from None
 
     @staticmethod
-    def _init_distributed(vllm_config: Any) -> None:
+    def _init_distributed() -> None:
         """One rank, no parallelism: vLLM's layers ask its process groups for their (trivial) shard sizes."""
         import torch
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -142,7 +142,7 @@ class VLLMEngine(Engine):
         # model built on fake ones (or the other way round)
         rotary_embedding._ROPE_DICT.clear()
         with set_current_vllm_config(vc):
-            self._init_distributed(vc)
+            self._init_distributed()
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # vLLM's loader reads fake storages' addresses (harmless)
