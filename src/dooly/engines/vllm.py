@@ -46,6 +46,9 @@ class _State:
         self.groups = groups  # (KV-cache spec, layer names, metadata builder)
         self.layers = layers  # layer name -> vLLM attention layer
 
+    def __deepcopy__(self, memo: dict) -> _State:
+        return self  # the model's, shared by every copy of a step's inputs (only the caches are per step)
+
 
 class VLLMEngine(Engine):
     """vLLM (CPU backend, eager). ``dtype`` is the weight/activation dtype of every model it builds."""
@@ -114,7 +117,7 @@ class VLLMEngine(Engine):
             raise DoolyError(f"vLLM cannot configure {path.name}: {str(exc).splitlines()[0][:300]}") from None
 
     @staticmethod
-    def _init_distributed(vllm_config: Any) -> None:
+    def _init_distributed() -> None:
         """One rank, no parallelism: vLLM's layers ask its process groups for their (trivial) shard sizes."""
         import torch
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -139,7 +142,7 @@ class VLLMEngine(Engine):
         # model built on fake ones (or the other way round)
         rotary_embedding._ROPE_DICT.clear()
         with set_current_vllm_config(vc):
-            self._init_distributed(vc)
+            self._init_distributed()
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # vLLM's loader reads fake storages' addresses (harmless)
