@@ -173,6 +173,11 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     assert "(exact reuse + shape)" in text
     shaped = re.search(r"profile: .*?from shape alone: prefill (\d+) of \d+, decode (\d+) of", text)
     assert shaped and int(shaped[1]) + int(shaped[2]) == 3, text
+    sim = ["simulate", str(b), "--db", str(db), "--workload", "poisson:n=4,rate=2,prompt=8-16,output=2-4,seed=0"]
+    res = runner.invoke(app, sim)
+    assert res.exit_code != 0 and "have no profile" in str(res.exception)
+    res = runner.invoke(app, [*sim, "--shape"])
+    assert res.exit_code == 0, res.output
     # zero new points: every signature only tiny-b needs is held out of the DB and of the fit, even if measured
     from dooly.engines import get_engine
     from dooly.predictor import Predictor

@@ -40,27 +40,29 @@ _ENGINE_HELP = (
 
 
 def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: int | None = None,
-                       engine: str = DEFAULT_ENGINE):  # fmt: skip
-    """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings)."""
+                       engine: str = DEFAULT_ENGINE, shape: bool = False):  # fmt: skip
+    """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings);
+    `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`)."""
     from dooly.engines import get_engine
     from dooly.predictor import Predictor
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
-    return Predictor.for_model(model, db, get_engine(engine, dtype=dtype), threads=threads)
+    return Predictor.for_model(model, db, get_engine(engine, dtype=dtype), threads=threads, shape=shape)
 
 
-def serving_latency_model(model: str, db: Path, dtype: str, threads: int | None, engine: str):
+def serving_latency_model(model: str, db: Path, dtype: str, threads: int | None, engine: str,
+                          shape: bool = False):  # fmt: skip
     """`engine`'s predictor for `model`; for vLLM, the HF engine's profiles while the DB has no vLLM ones.
 
     Returns ``(predictor, engine that profiled the ops)``; a fallback is said on the console."""
     if engine != "vllm":
-        return load_latency_model(model, db, dtype, threads, engine), engine
+        return load_latency_model(model, db, dtype, threads, engine, shape), engine
     try:
-        return load_latency_model(model, db, dtype, threads, "vllm"), "vllm"
+        return load_latency_model(model, db, dtype, threads, "vllm", shape), "vllm"
     except (DoolyError, ImportError) as exc:  # no vLLM engine, no vLLM installed, or no profiles from it
         out.print(f"[yellow]ops profiled with {DEFAULT_ENGINE}[/] (no vLLM profiles for {model}: {exc})")
-        return load_latency_model(model, db, dtype, threads, DEFAULT_ENGINE), DEFAULT_ENGINE
+        return load_latency_model(model, db, dtype, threads, DEFAULT_ENGINE, shape), DEFAULT_ENGINE
 
 
 VLLM_BLOCK_SIZE = 128  # vLLM's CPU backend default (it prefers multiples of 32)
@@ -124,6 +126,11 @@ def simulate(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write per-request (or sweep) CSV here."),
     dtype: str = typer.Option("bfloat16", help="Engine dtype the model was profiled with."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=_ENGINE_HELP),
+    shape: bool = typer.Option(
+        False, "--shape/--no-shape",
+        help="Predict signatures without a complete profile from their operator kind's shape model "
+        "(after `dooly profile --budget`, or for a model never profiled).",
+    ),  # fmt: skip
 ) -> None:
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
     from dooly.report import save_result
@@ -152,7 +159,7 @@ def simulate(
                       f"(memory would give {kv.plan.num_blocks})")  # fmt: skip
         else:
             out.print(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
-    latency, _ = serving_latency_model(model, db, dtype, None, engine)
+    latency, _ = serving_latency_model(model, db, dtype, None, engine, shape)
     name = f"simulation-{Path(model).stem}"
     if not sweep:
         study = run_study(model, workload, w, latency, kv, mem, replicas, router, router_seed)
