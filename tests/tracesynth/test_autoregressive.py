@@ -95,17 +95,3 @@ def test_save_load_roundtrip_through_the_registry(fitted, tmp_path: Path) -> Non
     assert isinstance(gen, Autoregressive) and gen.config.overlap == 16
     with pytest.raises(TraceSynthError, match="autoregressive model config"):
         make_generator({"kind": "ar", "config": {"sample_steps": 3}})
-
-
-def test_cli_fits_and_samples_an_ar_model(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from tracesynth.cli import app
-
-    sqlite = REPO / "data" / "sqlite.parquet"
-    r = CliRunner().invoke(app, ["fit", str(sqlite), "-o", str(tmp_path / "m"), "--kind", "ar", "--context", "32",
-                                 "--d-model", "16", "--layers", "1", "--steps", "3", "--batch-size", "2"])
-    assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "100", "-o", str(tmp_path / "s.parquet")])
-    assert r.exit_code == 0, r.output
-    assert len(read_trace(tmp_path / "s.parquet")) == 100

@@ -102,20 +102,6 @@ def test_bad_config_and_short_traces_are_clear_errors(real) -> None:
         MaskedDiffusion(MaskedConfig(**{**TINY, "context": 64})).fit([real.slice(0, 50)])
 
 
-def test_cli_fits_and_samples_a_masked_model(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from tracesynth.cli import app
-
-    sqlite = REPO / "data" / "sqlite.parquet"
-    r = CliRunner().invoke(app, ["fit", str(sqlite), "-o", str(tmp_path / "m"), "--kind", "masked", "--context", "32",
-                                 "--d-model", "16", "--layers", "1", "--steps", "3", "--batch-size", "2"])
-    assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "100", "-o", str(tmp_path / "s.parquet")])
-    assert r.exit_code == 0, r.output
-    assert len(read_trace(tmp_path / "s.parquet")) == 100
-
-
 def test_left_unmasking_reveals_the_earliest_events_first(fitted) -> None:
     """unmask="left" with one step per event: before step s exactly the events < s are revealed."""
     import dataclasses

@@ -67,3 +67,18 @@ def test_cli_conditional_fit_and_workload_sample(tmp_path: Path) -> None:
     assert isinstance(r.exception, TraceSynthError) and "no workload 'x'" in str(r.exception)
     r = CliRunner().invoke(app, ["fit", data[0], "-o", str(tmp_path / "k"), "--kind", "markov", "--conditional"])
     assert isinstance(r.exception, TraceSynthError) and "--conditional applies to masked" in str(r.exception)
+
+
+@pytest.mark.parametrize("kind", ["masked", "ar"])
+def test_cli_fits_and_samples_a_token_model(tmp_path: Path, kind: str) -> None:
+    from typer.testing import CliRunner
+
+    from tracesynth.cli import app
+
+    sqlite = REPO / "data" / "sqlite.parquet"
+    r = CliRunner().invoke(app, ["fit", str(sqlite), "-o", str(tmp_path / "m"), "--kind", kind, "--context", "32",
+                                 "--d-model", "16", "--layers", "1", "--steps", "3", "--batch-size", "2"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "100", "-o", str(tmp_path / "s.parquet")])
+    assert r.exit_code == 0, r.output
+    assert len(read_trace(tmp_path / "s.parquet")) == 100
