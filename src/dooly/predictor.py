@@ -250,6 +250,7 @@ class Predictor:
                 groups.append((g, np.array([m for *_, m in members], dtype=np.float64)))
             self._groups[phase] = groups
         self._memo: dict[object, float] = {}
+        self.flattens_batches = False  # set by for_model from the engine (see iteration_latency)
         # filled by for_model(shape=True): per phase, the signatures predicted from shape alone (never measured)
         self.shape_predicted: dict[str, list[ShapeFill]] = {}
 
@@ -314,6 +315,7 @@ class Predictor:
             if method == "auto":
                 method = choose_method({k: v for k, v in pts.items() if k not in held})
             pred = cls(name, traces, pts_model, method)
+            pred.flattens_batches = engine.flattens_batches  # type: ignore[attr-defined]
             pred.shape_predicted = fills
             # with the shape model's points: a --budget profile's own calibration forwards ran every signature
             pred.overhead = fit_overhead(store, ctx, engine, pts_model, method, own=None if holdout else name,
@@ -357,13 +359,30 @@ class Predictor:
         """Seconds for one engine iteration, as the HF eager engine runs it (see :mod:`dooly.engines.hf_serving`):
         each prefill chunk is a forward of batch 1 over its new tokens; all decodes are one forward of batch
         B over KV padded to the longest. A chunk's cached prefix is not modelled beyond its new tokens (the
-        traces have no phase with both new and cached tokens yet)."""
+        traces have no phase with both new and cached tokens yet).
+
+        An engine that flattens its batches (vLLM) runs one forward over all scheduled tokens: priced as one
+        prefill pass over them (the GEMMs, norms and activations, which read the weights once per iteration,
+        are then exact; attention is counted as one causal sequence of that length), plus what the decodes'
+        KV adds to their attention (their decode pass at their KV length minus the same pass at the smallest
+        profiled KV length)."""
+        if self.flattens_batches and batch.prefill:
+            total = self.forward_latency("prefill", {"requests": 1, "tokens": batch.num_tokens})
+            if batch.decode:
+                b, kv = len(batch.decode), max(batch.decode)
+                base = min(kv, _FLAT_KV_BASE)
+                total += max(0.0, self.forward_latency("decode", {"requests": b, "kv_len": kv})
+                             - self.forward_latency("decode", {"requests": b, "kv_len": base}))  # fmt: skip
+            return total
         total = 0.0
         for new, _cached in batch.prefill:
             total += self.forward_latency("prefill", {"requests": 1, "tokens": new})
         if batch.decode:
             total += self.forward_latency("decode", {"requests": len(batch.decode), "kv_len": max(batch.decode)})
         return total
+
+
+_FLAT_KV_BASE = 16  # the smallest decode KV length of the default profiling grid
 
 
 def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]

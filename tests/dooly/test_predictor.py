@@ -116,6 +116,26 @@ def test_iteration_latency_composes_chunks_and_decodes() -> None:
     assert f.iteration_latency(b) == pytest.approx(expect, rel=0.5)
 
 
+def test_a_flattening_engine_prices_an_iteration_as_one_forward() -> None:
+    """vLLM runs the chunks and the decodes of an iteration as one pass: its token-wise ops once over all
+    24 tokens, plus the decodes' KV-dependent attention; cheaper than HF's three separate passes."""
+    p = _predictor()
+    p.flattens_batches = True
+    b = Batch(prefill=((16, 0), (5, 32)), decode=(64, 256, 100))
+    kv_part = p.forward_latency("decode", {"requests": 3, "kv_len": 256}) - p.forward_latency(
+        "decode", {"requests": 3, "kv_len": 16}
+    )
+    assert kv_part > 0
+    expect = p.forward_latency("prefill", {"requests": 1, "tokens": 24}) + kv_part
+    assert p.iteration_latency(b) == pytest.approx(expect)
+    p.flattens_batches = False
+    assert p.iteration_latency(b) > expect
+    p.flattens_batches = True
+    decode_only = Batch(decode=(64, 256))  # no prefill: the decode pass itself, as before
+    one_pass = p.forward_latency("decode", {"requests": 2, "kv_len": 256})
+    assert p.iteration_latency(decode_only) == pytest.approx(one_pass)
+
+
 def test_missing_db_and_missing_signatures_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(DoolyError, match="no such profile database"):
         Predictor.for_model(tiny_config("tiny-a"), tmp_path / "absent.db")

@@ -67,6 +67,9 @@ class Engine(ABC):
 
     name: str = "engine"
     device: str = "cpu"
+    # One forward per iteration over every scheduled token (vLLM), rather than one per prefill chunk plus one
+    # for all the decodes (HF eager's serving loop); the predictor prices an iteration accordingly.
+    flattens_batches: bool = False
 
     @property
     def engine_id(self) -> str:

@@ -54,6 +54,7 @@ class VLLMEngine(Engine):
     """vLLM (CPU backend, eager). ``dtype`` is the weight/activation dtype of every model it builds."""
 
     name = "vllm"
+    flattens_batches = True
 
     def __init__(self, device: str = "cpu", dtype: str = "bfloat16") -> None:
         if device not in ("cpu", "auto"):
