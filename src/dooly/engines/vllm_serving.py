@@ -103,6 +103,8 @@ class ServeConfig:
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
+            # the KV-cache size is read from the server's INFO log (the in-process engine quiets vLLM to WARNING)
+            VLLM_LOGGING_LEVEL="INFO",
         )
         return env
 
