@@ -140,6 +140,18 @@ class _RealOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def traced_and_real_ops(engine, model, trace: ModelTrace):  # type: ignore[no-untyped-def]
+    """The trace's ops with their input shapes at its dummy values, and the ops (with input shapes) that a real
+    ``engine`` step of ``model`` at those values dispatches. Also used by the vLLM engine's tests."""
+    h = trace.hints
+    inputs = engine.prepare(model, RequestShape(h["requests"], h.get("tokens", 1), h.get("kv_len", 0)))
+    rec = _RealOps()
+    with rec:
+        engine.forward(model, inputs)
+    traced = [(r.signature.op, [s for s, _ in r.signature.concrete(h)[0]]) for r in trace.records]
+    return traced, rec.ops
+
+
 @pytest.mark.parametrize("phase", ["prefill", "decode", "chunk"])
 def test_trace_matches_a_real_eager_run(
     phase: str, tiny_prefill: ModelTrace, tiny_decode: ModelTrace, tiny_chunk: ModelTrace
@@ -148,15 +160,9 @@ def test_trace_matches_a_real_eager_run(
     engine = get_engine()
     torch.manual_seed(0)
     model = engine.build_model(TINY)
-    h = trace.hints
-    shape = RequestShape(h["requests"], h.get("tokens", 1), h.get("kv_len", 0))
-    inputs = engine.prepare(model, shape)
-    rec = _RealOps()
-    with rec:
-        engine.forward(model, inputs)
-    traced = [(r.signature.op, [s for s, _ in r.signature.concrete(h)[0]]) for r in trace.records]
-    assert [o for o, _ in traced] == [o for o, _ in rec.ops]
-    assert traced == rec.ops
+    traced, real = traced_and_real_ops(engine, model, trace)
+    assert [o for o, _ in traced] == [o for o, _ in real]
+    assert traced == real
 
 
 _BASE = {k: v for k, v in TINY.items() if k != "model_type"}
@@ -180,16 +186,10 @@ def test_other_architectures_match_a_real_eager_run(arch: str) -> None:
     engine = get_engine()
     torch.manual_seed(0)
     model = engine.build_model(cfg)
-    h = trace.hints
-    inputs = engine.prepare(model, RequestShape(h["requests"], h.get("tokens", 1), h.get("kv_len", 0)))
-    rec = _RealOps()
-    with rec:
-        engine.forward(model, inputs)
-    traced = [(r.signature.op, [s for s, _ in r.signature.concrete(h)[0]]) for r in trace.records]
+    traced, real = traced_and_real_ops(engine, model, trace)
     # the one known difference: real indexing turns a whole-tensor slice (x[:, 0:]) into one `alias` view,
     # symbolic indexing into no-op slices the recorder drops; neither launches a kernel
-    real = [op for op in rec.ops if op[0] != "aten.alias.default"]
-    assert traced == real
+    assert traced == [op for op in real if op[0] != "aten.alias.default"]
 
 
 def test_no_architecture_names_in_tracer_sources() -> None:

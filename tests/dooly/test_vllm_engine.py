@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not installed (the vLLM engine is optional)")
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from test_tracer import traced_and_real_ops  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from dooly.engines import RequestShape, get_engine  # noqa: E402
@@ -45,35 +45,15 @@ def model(engine, config):  # type: ignore[no-untyped-def]
     return engine.build_model(config)
 
 
-class _RealOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[tuple[str, list[tuple[int, ...]]]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from torch.utils._pytree import tree_leaves
-
-        kwargs = kwargs or {}
-        if func.namespace != "prim":
-            seen = list({id(t): t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}.values())
-            self.ops.append((str(func), [tuple(t.shape) for t in seen]))
-        return func(*args, **kwargs)
-
-
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_trace_is_the_real_step_op_by_op(engine, config, model, phase) -> None:  # type: ignore[no-untyped-def]
     trace = trace_model(config, phase, engine=engine)
     assert trace.engine == "vllm/cpu" and not trace.guards
-    h = trace.hints
-    inputs = engine.prepare(model, RequestShape(h["requests"], h.get("tokens", 1), h.get("kv_len", 0)))
-    rec = _RealOps()
-    with rec:
-        engine.forward(model, inputs)
-    traced = [(r.signature.op, [s for s, _ in r.signature.concrete(h)[0]]) for r in trace.records]
+    traced, real = traced_and_real_ops(engine, model, trace)
     # as with HF, a whole-tensor slice is an `alias` view (no kernel) on one side and a dropped no-op on the other
     # (here the logits' vocabulary slice, which symbolic sizes cannot prove whole)
     kernels = [op for op in traced if op[0] != "aten.alias.default"]
-    assert kernels == [op for op in rec.ops if op[0] != "aten.alias.default"]
+    assert kernels == [op for op in real if op[0] != "aten.alias.default"]
     ops = Counter(r.signature.op for r in trace.records)
     # vLLM's own kernels, one call per layer (attention, KV-cache write, rotary) or per linear layer (oneDNN)
     assert ops[ATTENTION] == ops["dooly_vllm.cpu_attn_reshape_and_cache.default"] == 2
