@@ -300,19 +300,15 @@ def run_validation(
 
 
 def _cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
+    """vLLM CPU-backend KV blocks for MODEL; its architecture read as the memory model reads it everywhere
+    (the HF engine's view of the config: vLLM builds its models from the same transformers config)."""
+    from dooly.engines import get_engine
     from dooly.simulator import cpu_kv_blocks
     from dooly.simulator.memory import dtype_bytes
     from dooly.zoo import resolve_model
 
-    return cpu_kv_blocks(_hf_config(resolve_model(model)[1]), gb, block_size, dtype_bytes(dtype))
-
-
-def _hf_config(cfg: dict):
-    """The attribute view of a config dict that the memory model reads (nested text configs included)."""
-    from types import SimpleNamespace
-
-    text = cfg.get("text_config")
-    return SimpleNamespace(**(text if isinstance(text, dict) else cfg))
+    arch = get_engine(DEFAULT_ENGINE, dtype=dtype).architecture(resolve_model(model)[1])
+    return cpu_kv_blocks(arch, gb, block_size, dtype_bytes(dtype))
 
 
 def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_tokens: int, block_size: int,
