@@ -34,6 +34,19 @@ _NOT_ARCHITECTURE = {
 }
 
 
+def causal_lm_architectures(config: Mapping[str, Any]) -> list[str]:
+    """The config's ``architectures``, else the causal-LM class transformers maps its ``model_type`` to (the
+    class this engine builds). vLLM needs it in a model directory: without it, it loads the bare decoder."""
+    if config.get("architectures"):
+        return list(config["architectures"])
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(config.get("model_type")))
+    if arch is None:
+        raise DoolyError(f"transformers maps no causal-LM class to model_type {config.get('model_type')!r}")
+    return [arch]
+
+
 def _is_zero(x: Any) -> bool:
     """True only for a concrete 0 (a symbolic size is never assumed to be zero)."""
     return isinstance(x, int) and x == 0

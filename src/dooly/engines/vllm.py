@@ -87,17 +87,16 @@ class VLLMEngine(Engine):
 
     def _model_dir(self, config: Mapping[str, Any], num_layers: int | None) -> Path:
         """A model directory holding the config as vLLM reads it (``architectures`` from transformers' mapping)."""
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
+        from dooly.engines.hf import causal_lm_architectures
         from dooly.tracer import config_hash
 
         key = f"{config_hash(config)}-{num_layers}"
         if key not in self._dirs:
             cfg = self._hf().hf_config(config, num_layers=num_layers)
-            arch = config.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.model_type)]
-            if not arch[0]:
-                raise DoolyError(f"engine vllm: transformers maps no causal LM class to {cfg.model_type!r}")
-            cfg.architectures = list(arch)
+            try:
+                cfg.architectures = causal_lm_architectures(config)
+            except DoolyError as exc:
+                raise DoolyError(f"engine vllm: {exc}") from None
             d = self._root / key
             cfg.save_pretrained(d)
             self._dirs[key] = d

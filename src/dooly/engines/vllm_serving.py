@@ -53,22 +53,17 @@ def vllm_available() -> str | None:
 
 def write_model_dir(model: str, dest: str | Path) -> tuple[str, Path]:
     """A directory vLLM can load with dummy weights: MODEL's config (zoo name or config path) as config.json."""
+    from dooly.engines.hf import causal_lm_architectures
     from dooly.zoo import resolve_model
 
     name, cfg = resolve_model(model)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # dooly's own keys (name, source)
-    if not cfg.get("architectures"):
-        # without it vLLM resolves the bare decoder (no LM head); the causal-LM class transformers maps the
-        # model type to is the one the HF engine builds too
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(cfg.get("model_type")))
-        if arch is None:
-            raise DoolyError(f"{model}: no architectures in its config and no causal-LM class for model_type "
-                             f"{cfg.get('model_type')!r}")  # fmt: skip
-        cfg["architectures"] = [arch]
+    try:
+        cfg["architectures"] = causal_lm_architectures(cfg)
+    except DoolyError as exc:
+        raise DoolyError(f"{model}: no architectures in its config, and {exc}") from None
     (dest / "config.json").write_text(json.dumps(cfg, indent=1))
     return name, dest
 
