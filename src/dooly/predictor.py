@@ -370,7 +370,7 @@ class Predictor:
             total = self.forward_latency("prefill", {"requests": 1, "tokens": batch.num_tokens})
             if batch.decode:
                 b, kv = len(batch.decode), max(batch.decode)
-                base = min(kv, _FLAT_KV_BASE)
+                base = min(kv, _flat_kv_base())
                 total += max(0.0, self.forward_latency("decode", {"requests": b, "kv_len": kv})
                              - self.forward_latency("decode", {"requests": b, "kv_len": base}))  # fmt: skip
             return total
@@ -382,7 +382,11 @@ class Predictor:
         return total
 
 
-_FLAT_KV_BASE = 16  # the smallest decode KV length of the default profiling grid
+def _flat_kv_base() -> int:
+    """The smallest decode KV length of the default profiling grid (below it a decode pass is not profiled)."""
+    from dooly.profiler import GridSpec  # on use, as in for_model: the profiler package pulls in the engines
+
+    return min(GridSpec().decode_kv_len)
 
 
 def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]
