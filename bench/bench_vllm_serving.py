@@ -6,29 +6,39 @@ simulates the same requests with vLLM v1's scheduler and the profile DB's predic
 assertions. The DB is profiled first (``dooly profile``, HF engine) when it does not exist; the ops are
 vLLM's own profiles only where the DB has them (printed as "ops profiled with").
 
-    .venv/bin/python bench/bench_vllm_serving.py [--db out/bench-vllm/profiles.db] [--models a b]
+    .venv/bin/python bench/bench_vllm_serving.py [--db out/bench-vllm/profiles.db] [--models a b] [--unprofiled CONFIG]
+
+``--unprofiled`` models (default: a 40-layer smollm2-135m, bench/configs/serving/) are never profiled: every
+signature they need is already in the DB, so they show reuse end to end against the real server.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 MODELS = ("smollm2-135m", "smollm2-360m")
+#: never profiled, every signature in the DB: smollm2-135m's layers, 40 of them instead of 30
+UNPROFILED = (str(Path(__file__).parent / "configs" / "serving" / "smollm2-135m-deep40.json"),)
 WORKLOAD = "poisson:n=24,rate=3,prompt=32-256,output=16-48,seed=0"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=Path("out/bench-vllm/profiles.db"))
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=list(MODELS), help="profiled into the DB when it does not exist")
+    ap.add_argument("--unprofiled", nargs="*", default=list(UNPROFILED), help="never profiled, also simulated")
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--real-runs", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write every validation (per-request figures) here")
     args = ap.parse_args()
 
     from dooly.engines.vllm_serving import ServeConfig, validate, vllm_available
@@ -47,9 +57,11 @@ def main() -> None:
     w = parse_workload(args.workload)
     print(f"workload {args.workload}; max_num_seqs={args.max_num_seqs} "
           f"max_num_batched_tokens={args.max_num_batched_tokens}, block 128, 1 GiB KV, 1 thread")  # fmt: skip
-    print(f"{'model':14s} {'ops from':9s} {'TTFT MAPE':>10s} {'(runs)':>8s} {'TPOT MAPE':>10s} {'(runs)':>8s} "
-          f"{'iter MAPE':>10s} {'(runs)':>8s} {'TTFT p50 meas/sim ms':>22s} {'wall s':>7s}")  # fmt: skip
-    for model in args.models:
+    print(f"{'model':20s} {'ops from':9s} {'TTFT MAPE':>10s} {'(runs)':>8s} {'TPOT MAPE':>10s} {'(runs)':>8s} "
+          f"{'iter MAPE':>10s} {'(runs)':>8s} {'TTFT dist':>10s} {'(runs)':>8s} {'TPOT dist':>10s} {'(runs)':>8s} "
+          f"{'TTFT p50 meas/sim ms':>22s} {'wall s':>7s}")  # fmt: skip
+    payloads = []
+    for model in [*args.models, *args.unprofiled]:
         t0 = time.perf_counter()
         pred, profiled_with = serving_latency_model(model, args.db, "bfloat16", 1, "vllm")
         cfg = ServeConfig(args.max_num_seqs, args.max_num_batched_tokens, max_model_len=512)
@@ -58,14 +70,20 @@ def main() -> None:
         rows = {r["metric"]: r for r in p["table"]}
         noise = p["run_to_run_pct"]
         print(
-            f"{model:14s} {profiled_with:9s} {rows['TTFT']['mape_pct']:9.1f}% {noise['ttft']:7.1f}% "
+            f"{Path(model).stem:20s} {profiled_with:9s} {rows['TTFT']['mape_pct']:9.1f}% {noise['ttft']:7.1f}% "
             f"{rows['TPOT']['mape_pct']:9.1f}% {noise['tpot']:7.1f}% {p['iteration_mape']:9.1f}% {noise['itl']:7.1f}% "
+            f"{rows['TTFT']['quantile_err_pct']:9.1f}% {noise['ttft_quantiles']:7.1f}% "
+            f"{rows['TPOT']['quantile_err_pct']:9.1f}% {noise['tpot_quantiles']:7.1f}% "
             f"{rows['TTFT']['measured_p50'] * 1e3:10.0f}/{rows['TTFT']['simulated_p50'] * 1e3:<11.0f} "
             f"{time.perf_counter() - t0:7.0f}",
             flush=True,
         )
-    print("(runs): spread between the real runs, (max-min)/mean per request averaged; iteration latency is each "
-          "request's median inter-token latency (vLLM reports no iteration timings)")  # fmt: skip
+        payloads.append(p)
+    print("MAPE: per request; dist: the distribution's error at p10/p25/p50/p75/p90, averaged. (runs): spread "
+          "between the real runs, (max-min)/mean per request (dist: per quantile) averaged; iteration latency is "
+          "each request's median inter-token latency (vLLM reports no iteration timings)")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(payloads, default=lambda a: np.asarray(a).tolist(), indent=1))
 
 
 if __name__ == "__main__":

@@ -213,17 +213,22 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
         for r in vals:
             noise = r.get("run_to_run_pct") or {}
             for row in r["table"]:
-                spread = noise.get(str(row["metric"]).lower(), float("nan"))
-                table.append({"model": r["model"], "workload": r["workload"], **row, "run_to_run_pct": spread})
+                key = str(row["metric"]).lower()
+                spread, q_spread = noise.get(key, float("nan")), noise.get(f"{key}_quantiles", float("nan"))
+                table.append({"model": r["model"], "workload": r["workload"], **row, "run_to_run_pct": spread,
+                              "quantile_run_to_run_pct": q_spread})  # fmt: skip
             table.append(
                 {"model": r["model"], "workload": r["workload"], "metric": "iteration", "mape_pct": r["iteration_mape"]}
             )
         fmt = {k: ".4f" for k in ("measured_p50", "simulated_p50", "measured_mean", "simulated_mean")}
-        parts.append(_table(table, fmt | {"mape_pct": ".1f", "run_to_run_pct": ".1f"}))
+        pct = {k: ".1f" for k in ("mape_pct", "quantile_err_pct", "run_to_run_pct", "quantile_run_to_run_pct")}
+        parts.append(_table(table, fmt | pct))
         parts.append("<p>Times in seconds. MAPE is per request (TTFT, TPOT) or per iteration (predictor vs the "
                      "measured latency of the iterations that actually ran), against each request's median over the "
                      "real runs; run_to_run_pct is how far those real runs land apart (the noise floor: a "
-                     "prediction cannot agree with a run better than the runs agree).</p>")  # fmt: skip
+                     "prediction cannot agree with a run better than the runs agree). quantile_err_pct compares "
+                     "the distributions instead (error at p10, p25, p50, p75 and p90, averaged), with its own "
+                     "floor quantile_run_to_run_pct.</p>")  # fmt: skip
         for r in vals:
             parts.append(
                 f"<div><img src='{_cdf_plot(r, 'ttft')}'><img src='{_cdf_plot(r, 'tpot')}'>"

@@ -144,9 +144,15 @@ def request_spread(runs: list[ServingResult]) -> dict[str, float]:
     """Per-request spread (%) of TTFT and TPOT between real runs of the same workload: the noise floor.
 
     For each request, (max - min) / mean over the runs, averaged over requests; with two runs this is the
-    symmetric percentage difference. NaN with one run.
+    symmetric percentage difference. NaN with one run. `ttft_quantiles` / `tpot_quantiles`: the same over the
+    runs' p10-p90 (`stats.QUANTILES`), the floor of `request_rows`' `quantile_err_pct`.
     """
-    return {k: stats.spread_pct(np.stack([getattr(r.metrics, k) for r in runs])) for k in ("ttft", "tpot")}
+    out = {}
+    for k in ("ttft", "tpot"):
+        x = np.stack([getattr(r.metrics, k) for r in runs])
+        out[k] = stats.spread_pct(x)
+        out[f"{k}_quantiles"] = stats.quantile_spread_pct(x)  # the noise floor of the distribution error
+    return out
 
 
 @dataclass
@@ -163,7 +169,8 @@ class Validation:
 
 
 def request_rows(measured: RequestMetrics, simulated: RequestMetrics) -> list[dict[str, float | str]]:
-    """Measured vs simulated per-request TTFT and TPOT (same request ids): p50, mean and per-request MAPE."""
+    """Measured vs simulated per-request TTFT and TPOT (same request ids): p50, mean, per-request MAPE and the
+    distribution's error (p10-p90, `stats.quantile_error_pct`)."""
     rows: list[dict[str, float | str]] = []
     for name in ("ttft", "tpot"):
         m = getattr(measured, name)
@@ -177,6 +184,7 @@ def request_rows(measured: RequestMetrics, simulated: RequestMetrics) -> list[di
                 "measured_mean": float(m[ok].mean()) if ok.any() else float("nan"),
                 "simulated_mean": float(s[ok].mean()) if ok.any() else float("nan"),
                 "mape_pct": stats.mape(s, m),
+                "quantile_err_pct": stats.quantile_error_pct(s, m),
             }
         )
     for row in rows:

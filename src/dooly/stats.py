@@ -24,3 +24,30 @@ def spread_pct(samples: np.ndarray) -> float:
     mean = x.mean(axis=0)
     ok = np.isfinite(x).all(axis=0) & (mean > 0)
     return float(((x.max(axis=0) - x.min(axis=0))[ok] / mean[ok]).mean() * 100) if ok.any() else float("nan")
+
+
+#: where a latency distribution is compared: what `vllm bench serve` and users read (median, tails)
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def quantile_error_pct(predicted: np.ndarray, measured: np.ndarray, qs: tuple[float, ...] = QUANTILES) -> float:
+    """Distribution error, in percent: |predicted - measured| / measured at each quantile, averaged.
+
+    Unlike per-request MAPE it does not ask which request waited: under queueing a few ms moved between
+    two requests swap their TTFTs, which per-request errors count twice and the distribution not at all."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    p, m = p[np.isfinite(p)], m[np.isfinite(m)]
+    if not len(p) or not len(m):
+        return float("nan")
+    qp, qm = np.quantile(p, qs), np.quantile(m, qs)
+    ok = qm > 0
+    return float(np.mean(np.abs(qp[ok] - qm[ok]) / qm[ok]) * 100) if ok.any() else float("nan")
+
+
+def quantile_spread_pct(samples: np.ndarray, qs: tuple[float, ...] = QUANTILES) -> float:
+    """`spread_pct` of each repeat's quantiles (axis 0: the repeats): the noise floor of `quantile_error_pct`."""
+    x = np.asarray(samples, dtype=float)
+    if x.ndim != 2 or x.shape[0] < 2:
+        return float("nan")
+    return spread_pct(np.stack([np.quantile(r[np.isfinite(r)], qs) if np.isfinite(r).any()
+                                else np.full(len(qs), np.nan) for r in x]))  # fmt: skip

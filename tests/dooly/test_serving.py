@@ -131,3 +131,16 @@ def test_real_runs_average_and_their_spread(tiny_model):
     assert spread["ttft"] == pytest.approx(want) and spread["tpot"] >= 0
     assert serving.request_spread(runs[:1])["ttft"] != serving.request_spread(runs[:1])["ttft"]  # NaN with one run
     assert serving.average_runs(runs[:1]) is runs[0]
+
+
+def test_distribution_error_ignores_which_request_waited():
+    from dooly import stats
+
+    measured = np.array([0.01, 0.02, 0.5, 0.9, 1.2])
+    swapped = measured[[1, 0, 3, 2, 4]]  # the same latencies, handed to other requests
+    assert stats.mape(swapped, measured) > 40  # per request: two requests wrong by half or more
+    assert stats.quantile_error_pct(swapped, measured) == 0.0
+    assert stats.quantile_error_pct(measured * 1.1, measured) == pytest.approx(10.0)
+    runs = np.stack([measured, swapped * 1.2])
+    assert stats.quantile_spread_pct(runs) == pytest.approx(stats.spread_pct(np.stack([measured, measured * 1.2])))
+    assert np.isnan(stats.quantile_spread_pct(runs[:1]))  # one run: no floor

@@ -137,8 +137,10 @@ def test_real_vllm_serve_against_the_simulator(tmp_path):
     assert measured["ttft"].max() > 2 * measured["ttft"].min()
     assert np.all(measured["e2e"] > measured["ttft"])
     noise = payload["run_to_run_pct"]
-    assert set(noise) == {"ttft", "tpot", "itl"} and all(np.isfinite(v) for v in noise.values())
+    assert set(noise) == {"ttft", "tpot", "itl", "ttft_quantiles", "tpot_quantiles"}
+    assert all(np.isfinite(v) for v in noise.values())
     assert {r["metric"] for r in payload["table"]} == {"TTFT", "TPOT"}
+    assert all(np.isfinite(r["quantile_err_pct"]) for r in payload["table"])
     assert np.isfinite(payload["iteration_mape"])
 
 

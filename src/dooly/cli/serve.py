@@ -337,11 +337,12 @@ def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_
 def print_validation(payload: dict) -> None:
     table = Table(
         "metric", "measured p50 ms", "sim p50 ms", "measured mean ms", "sim mean ms", "per-request MAPE",
+        "p10-p90 error",
         title=f"{payload['model']}: {payload['workload']} ({payload['config']}, {payload['clock']} clock)",
     )  # fmt: skip
     for r in payload["table"]:
         table.add_row(r["metric"], _ms(r["measured_p50"]), _ms(r["simulated_p50"]), _ms(r["measured_mean"]),
-                      _ms(r["simulated_mean"]), f"{r['mape_pct']:.1f}%")  # fmt: skip
+                      _ms(r["simulated_mean"]), f"{r['mape_pct']:.1f}%", f"{r['quantile_err_pct']:.1f}%")  # fmt: skip
     out.print(table)
     noise = payload.get("run_to_run_pct") or {}
     if "iteration_metric" in payload:  # vLLM: no iteration timings, the clients' inter-token latencies instead
@@ -351,7 +352,8 @@ def print_validation(payload: dict) -> None:
         out.print(f"iteration latency MAPE (predictor vs the iterations that ran): {payload['iteration_mape']:.1f}%")
     if noise and payload.get("real_runs", 1) > 1:
         out.print(f"run-to-run spread of the {payload['real_runs']} real runs (noise floor): "
-                  f"TTFT {noise['ttft']:.1f}%  TPOT {noise['tpot']:.1f}%")  # fmt: skip
+                  f"TTFT {noise['ttft']:.1f}%  TPOT {noise['tpot']:.1f}% per request; "
+                  f"p10-p90 TTFT {noise['ttft_quantiles']:.1f}%  TPOT {noise['tpot_quantiles']:.1f}%")  # fmt: skip
     if payload.get("profiled_with"):
         out.print(f"ops profiled with: {payload['profiled_with']}")
 
