@@ -3,7 +3,7 @@
 For each model, a real `vllm serve` (CPU backend, dummy weights, one OpenMP thread) serves a workload that
 queues (more requests in flight than ``--max-num-seqs``) twice under vLLM's own load generator; dooly
 simulates the same requests with vLLM v1's scheduler and the profile DB's predictor. Figures only, no
-assertions. The DB is profiled first (``dooly profile``, HF engine) when it does not exist; the ops are
+assertions. The DB is profiled first (``dooly profile --engine vllm``) when it does not exist; the ops are
 vLLM's own profiles only where the DB has them (printed as "ops profiled with").
 
     .venv/bin/python bench/bench_vllm_serving.py [--db out/bench-vllm/profiles.db] [--models a b] [--unprofiled CONFIG]
@@ -32,7 +32,7 @@ WORKLOAD = "poisson:n=24,rate=3,prompt=32-256,output=16-48,seed=0"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=Path("out/bench-vllm/profiles.db"))
-    ap.add_argument("--models", nargs="+", default=list(MODELS), help="profiled into the DB when it does not exist")
+    ap.add_argument("--models", nargs="*", default=list(MODELS), help="profiled into the DB when it does not exist")
     ap.add_argument("--unprofiled", nargs="*", default=list(UNPROFILED), help="never profiled, also simulated")
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--max-num-seqs", type=int, default=4)
@@ -52,8 +52,9 @@ def main() -> None:
 
     if not args.db.exists():
         args.db.parent.mkdir(parents=True, exist_ok=True)
-        print(f"profiling {' '.join(args.models)} into {args.db} (HF engine) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "dooly", "profile", *args.models, "--db", str(args.db)], check=True)
+        print(f"profiling {' '.join(args.models)} into {args.db} (vLLM engine) ...", flush=True)
+        cmd = [sys.executable, "-m", "dooly", "profile", *args.models, "--db", str(args.db), "--engine", "vllm"]
+        subprocess.run(cmd, check=True)
     w = parse_workload(args.workload)
     print(f"workload {args.workload}; max_num_seqs={args.max_num_seqs} "
           f"max_num_batched_tokens={args.max_num_batched_tokens}, block 128, 1 GiB KV, 1 thread")  # fmt: skip
