@@ -80,11 +80,6 @@ class KernelGuide:
                 if n.startswith(prefix) and n[len(prefix):] not in unpaired:
                     flag[i] = True
                     self.call_of[i] = calls.setdefault(n[len(prefix):], len(calls))
-        # only calls with both an entry and an exit token are paired
-        both = set(self.call_of[self.is_entry]) & set(self.call_of[self.is_exit])
-        keep = np.isin(self.call_of, list(both))
-        self.is_entry &= keep
-        self.is_exit &= keep
         self.exit_of_call = np.full(len(calls) + 1, -1, np.int64)
         self.exit_of_call[self.call_of[self.is_exit]] = np.flatnonzero(self.is_exit)
         self.is_sys_exit = np.array([n.startswith(SYSCALL_EXIT) for n in names])
@@ -189,8 +184,10 @@ class KernelGuide:
         state = np.where(g > 0, self.open[self.rows, g], NEVER)
         inside = state >= 0
         m[inside] &= ~(self.is_entry | self.is_exit)[None]
+        # its exit, if the model knows one (as the checker, a call with no exit token seen is still open)
         rows = np.flatnonzero(inside)
-        m[rows, self.exit_of_call[state[rows]]] = True
+        ex = self.exit_of_call[state[rows]]
+        m[rows[ex >= 0], ex[ex >= 0]] = True
         m[state == CLOSED] &= ~self.is_exit[None]
         foreign = np.flatnonzero((cpu >= 2) & (self.owner[self.rows, np.maximum(cpu, 0)] == FOREIGN))
         m[foreign] = False

@@ -24,7 +24,7 @@ from tracesynth.trace import Trace
 REPO = Path(__file__).resolve().parents[2]
 KERNEL = ("sched.consistency", "sched.one_cpu", "syscall.pairing", "time.monotonic", "ret.errno")
 TINY = dict(context=32, d_model=32, n_layers=2, n_heads=2, batch_size=8, overlap=8, chains=4)
-EVENTS = ["<unk>", "sched_switch", "syscall_entry_read", "syscall_exit_read", "foo"]
+EVENTS = ["<unk>", "sched_switch", "syscall_entry_read", "syscall_exit_read", "foo", "syscall_entry_exit_group"]
 
 
 def _guide(convention: str, chains: int = 1, keep: int = 8) -> KernelGuide:
@@ -65,16 +65,19 @@ def test_guide_masks_follow_the_cpu_and_the_open_call(convention: str) -> None:
     else:  # the switch handed CPU 0 to thread 1 (the incoming one)
         assert _tids(g, 2) == [1] and _tids(g, 3) == [0, 2]
     assert g.glob[0, :3].tolist() == [1, 1, 1]
+    # a call whose exit was never seen (exit_group) stays open, as the checker has it: no entry after it
+    _step(g, 3, 2, 1, "syscall_entry_exit_group")
+    assert _events(g, 2, 1) == {"<unk>", "sched_switch", "foo"}
 
 
 def test_an_appended_chain_starts_each_cpu_with_the_switch_of_the_thread_left_there() -> None:
     g = _guide("prev", chains=2, keep=1)
     # chain 1 follows chain 0: on either CPU its first event is a sched_switch of a placeholder thread
     drawn = {"cpu": torch.tensor([2, 2])}
-    assert g.allowed("tid", drawn)[1].tolist() == [True, False, False, False, False]
+    assert g.allowed("tid", drawn)[1].tolist() == [True, False, False, False, False]  # labels 0..4
     drawn["tid"] = torch.tensor([1, 0])
     ev = g.allowed("event", drawn)
-    assert ev[1].tolist() == [False, True, False, False, False] and ev[0].all()
+    assert ev[1].tolist() == [False, True, False, False, False, False] and ev[0].all()
     drawn["event"] = torch.tensor([EVENTS.index("foo"), EVENTS.index("sched_switch")])
     g.commit(0, drawn)
     assert g.glob[:, 0].tolist() == [1, -1]
