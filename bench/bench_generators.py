@@ -17,6 +17,7 @@ block. Every generator fits on the training block (the neural ones for the same 
 - sample ev/s: sampling throughput (raw sample, before repair);
 - and per generator the rules broken most often (share of the sample's events breaking each).
 
+`ar` is sampled twice from one fit: unguided (row `ar`) and with constraint-guided decoding (`ar+guided`).
 `--sample-steps 64 256 256:confidence` samples the masked model once per setting from the same fit
 (rows `masked@256`, ...); `--only masked markov4` fits only those.
 
@@ -71,7 +72,10 @@ def _generators(args) -> dict[str, object]:
 
 
 def _samplings(gname: str, args) -> list[tuple[str, dict]]:
-    """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps."""
+    """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps,
+    ar unguided and guided by the kernel invariants (tracesynth.guide)."""
+    if gname == "ar":
+        return [("ar", {"guide": "none"}), ("ar+guided", {"guide": "kernel"})]
     if gname != "masked":
         return [(gname, {})]
     out = []

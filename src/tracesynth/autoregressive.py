@@ -4,8 +4,11 @@ The tokens, chained sampling, decoding and storage are those of every token gene
 (`tracesynth.tokenmodel`); so is the transformer body, run here with a causal mask. The input at
 position p is event p-1 (a learned start vector at p = 0), and the hidden state there predicts
 event p one channel at a time, in `ORDER`: each channel's head also sees the embeddings of the
-channels of the same event already drawn (event type first), so an event's type, thread and return
-value are drawn jointly rather than independently. Sampling keeps each layer's keys and values (a
+channels of the same event already drawn, so an event's CPU, thread, type and return value are
+drawn jointly rather than independently. The order is the kernel's (which CPU runs next, then
+which thread is on it, then what that thread does), so that constraint-guided decoding
+(`tracesynth.guide`, the default `guide="kernel"`) can mask the thread with the CPU's current
+one and the event type with that thread's open syscall. Sampling keeps each layer's keys and values (a
 KV cache), so a new event costs one position through the network; a window of `context` events is
 filled this way and the next window restarts from the last `overlap` events.
 """
@@ -19,16 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tracesynth.guide import GUIDES, KernelGuide
 from tracesynth.tokenmodel import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 
-FORMAT = "tracesynth-ar-1"
-ORDER = ("event", "tid", "cpu", "comm", "ret", "dt")  # the order an event's channels are drawn in
+FORMAT = "tracesynth-ar-2"  # -1 drew the event type first
+ORDER = ("cpu", "tid", "event", "comm", "ret", "dt")  # the order an event's channels are drawn in
 assert sorted(ORDER) == sorted(CHANNELS)
 
 
 @dataclass
 class ARConfig(TokenConfig):
+    guide: str = "kernel"  # sampling: "kernel" masks draws with the kernel invariants, "none" does not
+
     what: ClassVar[str] = "autoregressive model"
+
+    def _checks(self) -> dict[str, bool]:
+        return {**super()._checks(), "guide in (kernel, none)": self.guide in GUIDES}
 
 
 class CausalNet(ChannelTransformer):
@@ -100,6 +109,7 @@ class Autoregressive(TokenModel):
     name = "ar"
     format = FORMAT
     config_cls = ARConfig
+    guides = True
 
     def _network(self) -> CausalNet:
         return CausalNet(self.config, self.vocab, len(self.workloads))
@@ -110,8 +120,11 @@ class Autoregressive(TokenModel):
         return sum(F.cross_entropy(logits[c].flatten(0, 1), clean[c].reshape(-1)) for c in ORDER) / len(ORDER)
 
     @torch.no_grad()
-    def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator) -> None:
-        """Draw the events after the known prefix one at a time, each channel given those drawn before it."""
+    def _fill(
+        self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator, guide: KernelGuide | None
+    ) -> None:
+        """Draw the events after the known prefix one at a time, each channel given those drawn before
+        it (and allowed by `guide`, if any)."""
         net: CausalNet = self.model
         b, L = known.shape
         k = int(known[0].sum())
@@ -123,10 +136,13 @@ class Autoregressive(TokenModel):
             drawn: dict[str, torch.Tensor] = {}
             z = h  # + the embeddings of this event's channels drawn so far (net.head, one channel at a time)
             for i, c in enumerate(ORDER):
-                drawn[c], _ = self._draw(net.head_of(z, i), c, gen)
+                allowed = guide.allowed(c, drawn) if guide is not None else None
+                drawn[c], _ = self._draw(net.head_of(z, i), c, gen, allowed)
                 tokens[c][:, j] = drawn[c]
                 if i + 1 < len(ORDER):
                     z = z + net.given[f"c_{c}"](drawn[c])
+            if guide is not None:
+                guide.commit(j, drawn)
             if j + 1 < L:
                 x = net.condition(net.embed_tokens({c: v[:, None] for c, v in drawn.items()}), tokens)
                 h = net.step(x, j + 1, cache)[:, 0]

@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from tracesynth.guide import KernelGuide
 from tracesynth.tokenmodel import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 
 FORMAT = "tracesynth-masked-1"
@@ -75,7 +76,8 @@ class MaskedDiffusion(TokenModel):
         return total / max(count, 1)
 
     @torch.no_grad()
-    def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator) -> None:
+    def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator,
+              guide: KernelGuide | None = None) -> None:
         """Unmask every token not `known` ([b, L] event positions), a share per step, in place."""
         cfg = self.config
         masked = {c: ~known.clone() for c in CHANNELS}

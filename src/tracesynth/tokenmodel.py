@@ -32,6 +32,7 @@ from torch import nn
 from atomicio import atomic_path
 from tracesynth.channels import CHANNELS_6, ChannelCodec
 from tracesynth.errors import TraceSynthError
+from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
 from tracesynth.trace import Trace
 
 CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
@@ -80,6 +81,27 @@ class TokenConfig:
         bad = [k for k, ok in self._checks().items() if not ok]
         if bad:
             raise TraceSynthError(f"{self.what} config: need {', '.join(bad)}")
+
+
+def _global_labels(win_tid: np.ndarray, tail_glob: np.ndarray | None, next_label: np.ndarray) -> np.ndarray:
+    """Per-window labels [b, L] -> chain-global labels: those of the overlap (the window's first
+    len(tail_glob) events) keep theirs, a new one gets the chain's next label (next_label grows)."""
+    chains, L = win_tid.shape
+    glob = np.zeros((chains, L), dtype=np.int64)
+    for b in range(chains):
+        mapping: dict[int, int] = {}
+        if tail_glob is not None:
+            for lab, g in zip(win_tid[b, : tail_glob.shape[1]], tail_glob[b], strict=True):
+                mapping.setdefault(int(lab), int(g))
+        for j in range(L):
+            lab = int(win_tid[b, j])
+            if lab <= 0:
+                continue
+            if lab not in mapping:
+                mapping[lab] = int(next_label[b])
+                next_label[b] += 1
+            glob[b, j] = mapping[lab]
+    return glob
 
 
 def dt_bucket(gaps_ns: np.ndarray) -> np.ndarray:
@@ -137,6 +159,7 @@ class TokenModel:
     name = "token"
     format = "tracesynth-token"
     config_cls: type[TokenConfig] = TokenConfig
+    guides: ClassVar[bool] = False  # whether _fill takes a KernelGuide (sample(guide="kernel"))
 
     def __init__(self, config: TokenConfig | None = None):
         self.config = config or self.config_cls()
@@ -145,6 +168,7 @@ class TokenModel:
         self.gap_table: dict[str, np.ndarray] = {}
         self.seen: dict[str, torch.Tensor] = {}  # per channel: which tokens occur in training (only those are drawn)
         self.workloads: list[str] = []  # the workloads a conditional model learned, by index
+        self.kernel = KernelFacts()  # what the training data decided about the kernel invariants (the guide's)
         self.history: dict[str, Any] = {}
 
     # -- what a subclass gives ----------------------------------------------------------------
@@ -154,8 +178,11 @@ class TokenModel:
     def loss(self, clean: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
-    def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator) -> None:
-        """Fill every event not `known` ([b, L]; known events are a prefix of each window), in place."""
+    def _fill(
+        self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator, guide: KernelGuide | None
+    ) -> None:
+        """Fill every event not `known` ([b, L]; known events are a prefix of each window), in place,
+        with `guide` masking each draw (only where the class `guides`)."""
         raise NotImplementedError
 
     # -- sizes --------------------------------------------------------------------------------
@@ -255,6 +282,8 @@ class TokenModel:
         self.codec = ChannelCodec.fit(traces, CHANNELS, max_tids=cfg.max_tids)
         self.workloads = sorted({self._workload_of(t) for t in traces}) if cfg.conditional else []
         self._fit_gap_table(traces, rng)
+        if self.guides:
+            self.kernel = KernelFacts.mine(traces)
         data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
         self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
         self.model = self._network()
@@ -291,16 +320,22 @@ class TokenModel:
         return self
 
     # -- sampling -----------------------------------------------------------------------------
-    def sample(self, n_events: int, seed: int = 0, workload: str | None = None) -> Trace:
+    def sample(self, n_events: int, seed: int = 0, workload: str | None = None, guide: str | None = None) -> Trace:
         """A synthetic trace of n_events: `chains` chains of overlapping windows, concatenated.
 
         A conditional model draws `workload` (one it learned; None: chain b draws workload b mod their number).
+        `guide` "kernel" masks each draw with the kernel invariants (`tracesynth.guide`; a generator with
+        `guides`), "none" samples the network alone; None: the config's `guide` ("none" if it has none).
         """
         if self.model is None:
             raise TraceSynthError(f"{self.config.what}: sample() before fit()")
         if workload is not None and workload not in self.workloads:
             known = f"it knows {', '.join(self.workloads)}" if self.workloads else "it is not conditional"
             raise TraceSynthError(f"{self.config.what}: no workload {workload!r} ({known})")
+        guide = guide or getattr(self.config, "guide", "none")
+        if guide not in GUIDES or (guide != "none" and not self.guides):
+            can = ", ".join(GUIDES) if self.guides else "none"
+            raise TraceSynthError(f"{self.config.what}: no guide {guide!r} (it can take {can})")
         cfg = self.config
         L, K = cfg.context, cfg.overlap
         gen = torch.Generator().manual_seed(seed)
@@ -316,25 +351,16 @@ class TokenModel:
         known = torch.zeros(chains, L, dtype=torch.bool)
         labels = np.zeros((chains, 0), dtype=np.int64)  # chain-global thread label of each emitted event
         next_label = np.ones(chains, dtype=np.int64)
+        kernel = KernelGuide(self.codec, self.kernel, chains, L, per_chain) if guide == "kernel" else None
         for w in range(n_windows):
-            self._fill(tokens, known, gen)
-            win_tid = tokens["tid"].numpy()
+            if kernel is not None:
+                kernel.start_window(tokens["tid"][:, :K].numpy() if w else None, labels[:, -K:] if w else None)
+            self._fill(tokens, known, gen, kernel)
             new = slice(0 if w == 0 else K, L)
-            # per-window labels -> chain-global labels: those seen in the overlap keep their label
-            glob = np.zeros((chains, L), dtype=np.int64)
-            for b in range(chains):
-                mapping: dict[int, int] = {}
-                if w:
-                    for lab, g in zip(win_tid[b, :K], labels[b, -K:], strict=True):
-                        mapping.setdefault(int(lab), int(g))
-                for j in range(L):
-                    lab = int(win_tid[b, j])
-                    if lab <= 0:
-                        continue
-                    if lab not in mapping:
-                        mapping[lab] = int(next_label[b])
-                        next_label[b] += 1
-                    glob[b, j] = mapping[lab]
+            if kernel is not None:  # the guide bound each label as it was drawn
+                glob = kernel.glob.copy()
+            else:
+                glob = _global_labels(tokens["tid"].numpy(), labels[:, -K:] if w else None, next_label)
             for c in CHANNELS:
                 out[c].append(tokens[c][:, new].numpy())
             labels = np.concatenate([labels, glob[:, new]], axis=1)
@@ -349,21 +375,34 @@ class TokenModel:
                 known[:, :K] = True
             else:
                 known = torch.zeros(chains, L, dtype=torch.bool)
-        seqs = {c: np.concatenate(out[c], axis=1) for c in CHANNELS}
+        seqs = {c: np.concatenate(out[c], axis=1)[:, :per_chain] for c in CHANNELS}
+        labels = labels[:, :per_chain]
         # chain b's labels are offset so that threads of different chains never share a label
+        if kernel is not None:
+            next_label = kernel.next_glob
         offset = np.concatenate([[0], np.cumsum(next_label - 1)[:-1]])[:, None]
-        seqs["tid"] = np.where(labels > 0, labels + offset, 0)
-        flat = {c: v[:, :per_chain].reshape(-1)[:n_events] for c, v in seqs.items()}
+        if kernel is not None:
+            seqs["tid"] = kernel.fill_placeholders(labels, seqs["cpu"], offset)
+        else:
+            seqs["tid"] = np.where(labels > 0, labels + offset, 0)
+        flat = {c: v.reshape(-1)[:n_events] for c, v in seqs.items()}
         gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
         windows = dict(flat)
         windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std
         codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
-        meta = {"generator": self.name, "seed": seed, **({"workload": workload} if workload else {})}
+        meta = {"generator": self.name, "seed": seed, "guide": guide, **({"workload": workload} if workload else {})}
         return codec.decode(windows, metadata=meta)
 
-    def _draw(self, logits: torch.Tensor, c: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """A token of channel c from softmax(logits / temperature) over tokens seen in training, and its log-prob."""
-        lg = logits.float().masked_fill(~self.seen[c], float("-inf"))
+    def _draw(
+        self, logits: torch.Tensor, c: str, gen: torch.Generator, allowed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token of channel c from softmax(logits / temperature) over tokens seen in training (and
+        `allowed`, a guide's mask: the allowed ones alone where none of them was seen), and its log-prob."""
+        ok = self.seen[c]
+        if allowed is not None:
+            both = allowed & ok
+            ok = torch.where(both.any(-1, keepdim=True), both, allowed)
+        lg = logits.float().masked_fill(~ok, float("-inf"))
         logp = torch.log_softmax(lg / self.config.temperature, dim=-1)
         u = torch.rand(logp.shape, generator=gen).clamp_(1e-12, 1.0)
         draw = torch.argmax(logp - torch.log(-torch.log(u)), dim=-1)  # Gumbel-max: a draw from softmax
@@ -375,7 +414,7 @@ class TokenModel:
             raise TraceSynthError(f"{self.config.what}: save() before fit()")
         directory = Path(directory)
         meta = {"format": self.format, "config": asdict(self.config), "workloads": self.workloads,
-                "history": self.history}
+                "kernel": asdict(self.kernel), "history": self.history}
         tensors = {f"gap_{k}": torch.from_numpy(v) for k, v in self.gap_table.items()}
         tensors.update({f"seen_{c}": v for c, v in self.seen.items()})
         with atomic_path(directory, directory=True, contents=("config.json", "vocab.json", "*.safetensors")) as tmp:
@@ -397,6 +436,7 @@ class TokenModel:
             self = cls(cls.config_cls(**meta["config"]))
             self.history = dict(meta.get("history") or {})
             self.workloads = [str(w) for w in meta.get("workloads") or []]
+            self.kernel = KernelFacts.from_json(meta.get("kernel"))
             self.codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
             tables = load_file(str(directory / "gaps.safetensors"))
             self.gap_table = {k[4:]: v.numpy() for k, v in tables.items() if k.startswith("gap_")}

@@ -49,10 +49,11 @@ def test_a_channel_head_sees_the_channels_drawn_before_it(fitted, real) -> None:
     net = fitted.model
     h = torch.zeros(2, 32)
     given = {c: torch.tensor([1, 2]) for c in ORDER}
-    other = {**given, "event": torch.tensor([3, 4])}
+    other = {**given, "cpu": torch.tensor([0, 0])}
+    assert ORDER[:3] == ("cpu", "tid", "event")  # the kernel's order: the guide masks tid by CPU, event by tid
     with torch.no_grad():
-        assert not torch.allclose(net.head(h, 1, given), net.head(h, 1, other))  # tid given the event type
-        assert torch.equal(net.head(h, 0, given), net.head(h, 0, other))  # the event type is drawn first
+        assert not torch.allclose(net.head(h, 1, given), net.head(h, 1, other))  # tid given the CPU
+        assert torch.equal(net.head(h, 0, given), net.head(h, 0, other))  # the CPU is drawn first
 
 
 def test_training_lowers_the_loss(real) -> None:
@@ -73,12 +74,12 @@ def test_sample_is_seeded_chained_and_in_vocabulary(fitted, real) -> None:
     tokens = {c: torch.zeros(1, 32, dtype=torch.long) for c in fitted.vocab}
     known = torch.zeros(1, 32, dtype=torch.bool)
     gen = torch.Generator().manual_seed(0)
-    fitted._fill(tokens, known, gen)
+    fitted._fill(tokens, known, gen, None)
     first = {c: v.clone() for c, v in tokens.items()}
     known[:, :8] = True
     for c in tokens:
         tokens[c][:, 8:] = 0
-    fitted._fill(tokens, known, gen)
+    fitted._fill(tokens, known, gen, None)
     for c in tokens:
         assert torch.equal(tokens[c][:, :8], first[c][:, :8])  # the known prefix is kept
         assert (tokens[c] < fitted.vocab[c]).all()

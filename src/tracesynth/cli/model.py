@@ -146,6 +146,9 @@ def sample(
     repair: Path = typer.Option(None, "--repair", help="Constraint rules (JSON) to repair the sample with."),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: the model's)."),
     workload: str = typer.Option(None, "--workload", help="The workload to draw (a model fitted with --conditional)."),
+    guide: str = typer.Option(
+        None, "--guide", help="ar: kernel (mask draws with the kernel invariants, the default) or none."
+    ),
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
@@ -155,7 +158,8 @@ def sample(
 
     rules = Rules.load(repair) if repair is not None else None  # a bad rules file fails before sampling
     gen_kind = saved_kind(model)
-    given = {"sampler": sampler, "sampling_steps": sampling_steps, "device": device, "workload": workload}
+    given = {"sampler": sampler, "sampling_steps": sampling_steps, "device": device, "workload": workload,
+             "guide": guide}
     opts = {k: v for k, v in given.items() if v is not None}
     unknown = [f"--{k.replace('_', '-')}" for k in opts if k not in gen_kind.sample_options]
     if unknown:

@@ -1,0 +1,252 @@
+"""Constraint-guided decoding: a running kernel state that masks a token sampler's choices, so a raw
+sample cannot break the kernel invariants `tracesynth.constraints` checks (sched.consistency,
+sched.one_cpu, syscall.pairing, ret.errno; time never decreases anyway: every gap is >= 0).
+
+The sampler draws an event's channels cpu -> tid -> event -> ... and asks `allowed(channel, drawn)`
+which tokens may come next, given the state of its chain:
+
+- per CPU: its current thread, free (after a switch), or "foreign" at the start of a chain that is
+  appended to another (the thread the chain before left there, unknown while chains run in parallel);
+- per thread (a chain-global label): the CPU where it is current, and its open syscall.
+
+Then: on a CPU with a current thread the tid is that thread; on a free CPU it is a thread current
+nowhere or a new one; a thread inside call X may neither enter a call nor exit any but X, one with
+no open call may not exit; a syscall exit's return is never the "below -MAX_ERRNO" bucket; on a
+foreign CPU the event is a sched_switch (under the "prev" convention, the foreign thread's own, with
+a placeholder tid that `fill_placeholders` replaces once the chains are concatenated).
+
+The guide also keeps each window's thread labels (per-window, first-seen order, as the model saw in
+training) bound to the chain-global ones, so a thread current on a CPU keeps its identity even
+after it left the window's overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tracesynth.channels import N_POS_BINS, ChannelCodec
+from tracesynth.events import SCHED_PROCESS_EXIT, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
+from tracesynth.trace import Trace
+
+GUIDES = ("kernel", "none")
+NEVER, CLOSED = -2, -1  # a thread's syscall state besides an open call's id
+FOREIGN = -1  # a CPU's owner at the start of an appended chain
+PLACEHOLDER = -1  # the chain-global label of a foreign thread's switch, until filled
+
+
+@dataclass
+class KernelFacts:
+    """What the data decides about the invariants (as mined by tracesynth.constraints.mine_rules)."""
+
+    convention: str = "prev"  # "prev": a sched_switch is the outgoing thread's and closes its stay
+    unpaired_calls: list[str] = field(default_factory=list)  # calls that never return
+
+    @classmethod
+    def mine(cls, traces: Sequence[Trace]) -> KernelFacts:
+        from tracesynth.constraints import mine_rules
+
+        inv = mine_rules(list(traces)).doc["invariants"]
+        return cls(str(inv["sched_consistency"].get("convention", "prev")),
+                   sorted(inv["syscall_pairing"].get("unpaired_calls", [])))
+
+    @classmethod
+    def from_json(cls, d: Mapping | None) -> KernelFacts:
+        d = dict(d or {})
+        conv = d.get("convention", "prev")
+        calls = d.get("unpaired_calls", [])
+        if conv not in ("prev", "next") or not isinstance(calls, list) or not all(isinstance(c, str) for c in calls):
+            raise ValueError(f"bad kernel facts {str(d)[:60]}")
+        return cls(conv, list(calls))
+
+
+class KernelGuide:
+    """Per-chain kernel state over a token sampler's chains ([b] arrays, one step per event)."""
+
+    def __init__(self, codec: ChannelCodec, facts: KernelFacts, chains: int, window: int, snapshot_at: int):
+        names = codec.events
+        V = len(names)
+        unpaired = set(facts.unpaired_calls)
+        self.prev = facts.convention == "prev"
+        self.is_entry = np.zeros(V, bool)
+        self.is_exit = np.zeros(V, bool)
+        self.call_of = np.full(V, -1, np.int64)
+        calls: dict[str, int] = {}
+        for i, n in enumerate(names):
+            for prefix, flag in ((SYSCALL_ENTRY, self.is_entry), (SYSCALL_EXIT, self.is_exit)):
+                if n.startswith(prefix) and n[len(prefix):] not in unpaired:
+                    flag[i] = True
+                    self.call_of[i] = calls.setdefault(n[len(prefix):], len(calls))
+        self.exit_of_call = np.full(len(calls) + 1, -1, np.int64)
+        self.exit_of_call[self.call_of[self.is_exit]] = np.flatnonzero(self.is_exit)
+        self.is_sys_exit = np.array([n.startswith(SYSCALL_EXIT) for n in names])
+        self.switch = names.index(SCHED_SWITCH) if SCHED_SWITCH in names else -1
+        self.closes = np.zeros(V, bool)  # events that end their thread's stay on the CPU
+        if self.switch >= 0:
+            self.closes[self.switch] = True
+            if self.prev and SCHED_PROCESS_EXIT in names:
+                self.closes[names.index(SCHED_PROCESS_EXIT)] = True
+        self.bad_ret = 2 + len(codec.errnos) + N_POS_BINS  # decodes below -MAX_ERRNO
+        self.n_ret = codec.vocab_sizes["ret"]
+        self.V = V
+        self.T = codec.max_tids
+        self.n_cpu = codec.vocab_sizes["cpu"]
+        b = chains
+        self.b = b
+        self.rows = np.arange(b)
+        self.lab2glob = np.zeros((b, self.T + 1), np.int64)  # window label -> chain-global label (0: none)
+        self.next_glob = np.ones(b, np.int64)
+        self.owner = np.zeros((b, self.n_cpu), np.int64)  # chain-global label, 0 free, FOREIGN
+        if self.switch >= 0:
+            self.owner[1:, 2:] = FOREIGN  # chains after the first are appended to the one before
+        self.where = np.zeros((b, 64), np.int64)  # per global label: cpu token where current (0: none)
+        self.open = np.full((b, 64), NEVER, np.int64)
+        self.glob = np.zeros((b, window), np.int64)  # chain-global label of each position of the window
+        self.snapshot_at, self.emitted = snapshot_at, 0
+        self.owner_at_end = self.owner.copy()  # the owners when the chain's last kept event was drawn
+
+    # -- windows ----------------------------------------------------------------------------------
+    def start_window(self, tail_labels: np.ndarray | None, tail_glob: np.ndarray | None) -> None:
+        """A new window: bind its labels to the global ones of the overlap it starts with (if any)."""
+        self.lab2glob[:] = 0
+        self.glob[:] = 0
+        if tail_labels is None:
+            return
+        k = tail_labels.shape[1]
+        self.glob[:, :k] = tail_glob
+        for j in range(k):
+            lab, g = tail_labels[:, j], tail_glob[:, j]
+            ok = (lab > 0) & (g > 0)
+            self.lab2glob[self.rows[ok], lab[ok]] = g[ok]
+
+    def _new_glob(self, rows: np.ndarray) -> np.ndarray:
+        g = self.next_glob[rows].copy()
+        self.next_glob[rows] += 1
+        if self.next_glob.max() >= self.where.shape[1]:  # grow the per-thread state
+            extra = self.where.shape[1]
+            self.where = np.concatenate([self.where, np.zeros((self.b, extra), np.int64)], axis=1)
+            self.open = np.concatenate([self.open, np.full((self.b, extra), NEVER, np.int64)], axis=1)
+        return g
+
+    def _free_label(self) -> np.ndarray:
+        """Per chain, the label a new thread gets: the first unbound one (the last label if all are)."""
+        unbound = self.lab2glob[:, 1:] == 0
+        return np.where(unbound.any(1), unbound.argmax(1) + 1, self.T)
+
+    # -- masks --------------------------------------------------------------------------------------
+    def allowed(self, channel: str, drawn: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """[b, vocab] bool: the tokens of `channel` the invariants allow after the channels `drawn`."""
+        if channel == "tid":
+            return torch.from_numpy(self._tid_mask(drawn["cpu"].numpy()))
+        if channel == "event":
+            return torch.from_numpy(self._event_mask(drawn["cpu"].numpy(), drawn["tid"].numpy()))
+        if channel == "ret":
+            m = np.ones((self.b, self.n_ret), bool)
+            m[self.is_sys_exit[drawn["event"].numpy()], self.bad_ret] = False
+            return torch.from_numpy(m)
+        return None
+
+    def _tid_mask(self, cpu: np.ndarray) -> np.ndarray:
+        m = np.zeros((self.b, self.T + 1), bool)
+        m[:, 0] = True  # a thread-less event breaks no invariant
+        real = cpu >= 2
+        own = np.where(real, self.owner[self.rows, np.where(real, cpu, 0)], 0)
+        # a free CPU (or no CPU): a bound thread current nowhere else, or the next new label
+        cur = self.where[self.rows[:, None], self.lab2glob]  # [b, T+1]
+        free_ok = (self.lab2glob > 0) & ((cur == 0) | ~real[:, None])
+        m[:, 1:] = free_ok[:, 1:]
+        m[self.rows, self._free_label()] = True
+        # a CPU with a current thread: that thread, under its label (bound now if it left the window)
+        busy = np.flatnonzero(own > 0)
+        if len(busy):
+            g = own[busy]
+            has = self.lab2glob[busy] == g[:, None]
+            lab = np.where(has.any(1), has.argmax(1), self._free_label()[busy])
+            self.lab2glob[busy, lab] = g
+            m[busy] = False
+            m[busy, lab] = True
+        foreign = np.flatnonzero(own == FOREIGN)
+        if len(foreign) and self.prev:  # the foreign thread's own switch: a placeholder tid
+            m[foreign] = False
+            m[foreign, 0] = True
+        return m
+
+    def _glob_of(self, tid: np.ndarray) -> np.ndarray:
+        """Global label of drawn window labels (0: none yet, a new thread; or no thread)."""
+        return np.where(tid > 0, self.lab2glob[self.rows, tid], 0)
+
+    def _event_mask(self, cpu: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        m = np.ones((self.b, self.V), bool)
+        g = self._glob_of(tid)
+        state = np.where(g > 0, self.open[self.rows, g], NEVER)
+        inside = state >= 0
+        m[inside] &= ~(self.is_entry | self.is_exit)[None]
+        # its exit, if the model knows one (as the checker, a call with no exit token seen is still open)
+        rows = np.flatnonzero(inside)
+        ex = self.exit_of_call[state[rows]]
+        m[rows[ex >= 0], ex[ex >= 0]] = True
+        m[state == CLOSED] &= ~self.is_exit[None]
+        foreign = np.flatnonzero((cpu >= 2) & (self.owner[self.rows, np.maximum(cpu, 0)] == FOREIGN))
+        m[foreign] = False
+        m[foreign, self.switch] = True
+        return m
+
+    # -- state ----------------------------------------------------------------------------------------
+    def commit(self, j: int, drawn: Mapping[str, torch.Tensor]) -> None:
+        """Event j of the window is drawn: bind a new thread's label, update CPUs and open calls."""
+        cpu, tid, ev = (drawn[c].numpy() for c in ("cpu", "tid", "event"))
+        r = self.rows
+        real = cpu >= 2
+        c = np.where(real, cpu, 0)
+        was = self.owner[r, c]
+        g = self._glob_of(tid)
+        new = (tid > 0) & ((g == 0) | (real & (self.where[r, g] > 0) & (self.where[r, g] != cpu)))
+        if new.any():  # a new thread (or the last label reused by one, when all labels are bound)
+            g[new] = self._new_glob(r[new])
+            self.lab2glob[r[new], tid[new]] = g[new]
+        if self.prev:
+            g = np.where(real & (was == FOREIGN) & (tid == 0), PLACEHOLDER, g)
+        self.glob[:, j] = g
+        has = g > 0
+        closes = real & self.closes[ev]
+        if self.switch >= 0:
+            if self.prev:  # a switch / exit ends the stay of the CPU's thread; any other event claims the CPU
+                stay = real & ~closes & has
+                old = np.where(closes & (was > 0), was, 0)
+                self.where[r[old > 0], old[old > 0]] = 0
+                self.owner[r[closes], c[closes]] = 0
+                self.where[r[closes & has], g[closes & has]] = 0
+            else:  # a switch hands the CPU to its thread
+                old = np.where(closes & (was > 0), was, 0)
+                self.where[r[old > 0], old[old > 0]] = 0
+                self.owner[r[closes], c[closes]] = np.maximum(g[closes], 0)
+                stay = real & ~closes & has
+                stay |= closes & has
+            self.owner[r[stay], c[stay]] = g[stay]
+            self.where[r[stay], g[stay]] = cpu[stay]
+        entry, leave = has & self.is_entry[ev], has & self.is_exit[ev]
+        self.open[r[entry], g[entry]] = self.call_of[ev[entry]]
+        self.open[r[leave], g[leave]] = CLOSED
+        self.emitted += 1
+        if self.emitted == self.snapshot_at:
+            self.owner_at_end = self.owner.copy()
+
+    def fill_placeholders(self, labels: np.ndarray, cpu: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """Chains concatenated ([b, n] global labels, offset per chain): each placeholder switch (the
+        first event of an appended chain on a CPU) gets the thread the chains before left current
+        there, or a thread of its own if they left the CPU free."""
+        out = np.where(labels > 0, labels + offset, 0)
+        spare = int(out.max(initial=0)) + 1
+        carry = np.zeros(self.n_cpu, np.int64)  # the thread current on each CPU after the chains so far
+        for b in range(self.b):
+            for j in np.flatnonzero(labels[b] == PLACEHOLDER):
+                if carry[cpu[b, j]] > 0:
+                    out[b, j] = carry[cpu[b, j]]
+                else:
+                    out[b, j], spare = spare, spare + 1
+            end = self.owner_at_end[b]
+            carry = np.where(end == FOREIGN, carry, np.where(end > 0, end + offset[b, 0], 0))
+        return out
