@@ -57,7 +57,10 @@ def test_trace_is_the_real_step_op_by_op(engine, config, model, phase) -> None: 
     ops = Counter(r.signature.op for r in trace.records)
     # vLLM's own kernels, one call per layer (attention, KV-cache write, rotary) or per linear layer (oneDNN)
     assert ops[ATTENTION] == ops["dooly_vllm.cpu_attn_reshape_and_cache.default"] == 2
-    assert ops["_C.rotary_embedding.default"] == 2 and ops["dooly_vllm.onednn_mm.default"] == 2 * 4 + 1
+    # every linear layer is a oneDNN GEMM, or torch's where oneDNN cannot build it (bf16 without AVX-512/AMX),
+    # as in the real model (compared above)
+    gemms = ops["dooly_vllm.onednn_mm.default"] or ops["aten.mm.default"]
+    assert ops["_C.rotary_embedding.default"] == 2 and gemms == 2 * 4 + 1
     attn = next(r.signature for r in trace.records if r.signature.op == ATTENTION)
     # the paged cache and the batch are request sizes: labelled, not frozen at the dummy values
     assert attn.symbols() == ({"requests", "tokens"} if phase == "prefill" else {"requests", "kv_len"})
@@ -82,7 +85,7 @@ def test_the_context_pool_hands_an_op_its_own_call_inputs(engine, model) -> None
     pool = _Pool()
     with pool:
         engine.forward(model, inputs)
-    call = pool.calls[ATTENTION][0]
+    call = next(iter(pool.calls[ATTENTION].values()))
     layouts = [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in call]
     found = pool.call_inputs(ATTENTION, layouts)
     seq_lens = found[5]

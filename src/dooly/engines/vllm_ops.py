@@ -23,6 +23,7 @@ call vLLM's C++ kernel and whose fake kernels only compute output metadata:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +98,18 @@ def _define() -> None:
     _LIB = lib
 
 
+@functools.cache
+def _onednn_error(dtype: torch.dtype, shape: tuple[int, ...]) -> str | None:
+    """oneDNN's own error for a real weight of this dtype and shape (vLLM passes the transposed weight), or
+    None where it builds; probed once per layout, outside any fake mode."""
+    with _disable_current_modes():
+        try:
+            _ORIGINAL["create_onednn_mm"](torch.zeros(shape[::-1], dtype=dtype).t(), 1)
+        except RuntimeError as exc:
+            return str(exc)
+    return None
+
+
 class _Handle:
     """Stands in for vLLM's oneDNN handler while the model is built on fake weights (never executed)."""
 
@@ -125,6 +138,11 @@ def install() -> None:
 
     def create_onednn_mm(weight: torch.Tensor, primitive_cache_size: int = 128) -> Any:
         if isinstance(weight, FakeTensor):
+            # vLLM falls back to torch's linear where oneDNN cannot build this GEMM (bf16 on a CPU without
+            # AVX-512/AMX): the traced model must take the branch the real one takes
+            error = _onednn_error(weight.dtype, tuple(weight.shape))
+            if error is not None:
+                raise RuntimeError(error)
             return _Handle(weight)
         return _ORIGINAL["create_onednn_mm"](weight, primitive_cache_size)
 

@@ -26,26 +26,29 @@ _ROTATE_BYTES = 96 * 2**20  # > 2x a server L3: a rotated weight is never cache-
 _ROTATE_MIN_TENSOR = 256 * 2**10
 
 
-_CALLS_KEPT = 8  # calls kept per operator: enough to meet each distinct input layout of one layer's ops
+_LAYOUTS_KEPT = 64  # calls kept per operator, one per distinct input layout (first seen)
 
 
 class _Pool(TorchDispatchMode):
     """Collects every tensor the engine's real forward touches, by (shape, stride, dtype): "context reuse".
 
-    It also keeps, per operator, the inputs of its first calls: an op whose inputs carry values a fresh tensor
-    cannot supply (a KV-cache slot mapping next to same-shaped positions, an engine's handle to a packed
-    weight) is then timed on the very tensors the forward called it with.
+    It also keeps, per operator, the inputs of its first call of each input layout: an op whose inputs carry
+    values a fresh tensor cannot supply (a KV-cache slot mapping next to same-shaped positions, an engine's
+    handle to a packed weight) is then timed on the very tensors the forward called it with. Per layout, not
+    the first few calls: the logits GEMM comes after every layer's GEMMs, and a synthetic oneDNN handle is
+    a null pointer.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.tensors: dict[tuple, Any] = {}
-        self.calls: dict[str, list[list[Any]]] = {}  # op -> inputs of its calls (unique tensors, signature order)
+        # op -> input layouts -> inputs of the first such call (unique tensors, signature order)
+        self.calls: dict[str, dict[tuple, list[Any]]] = {}
         self.resident: set[int] = set()  # storages the pass reads but did not compute (see _resident_storages)
 
     def call_inputs(self, op: str, layouts: Sequence[tuple[tuple[int, ...], tuple[int, ...], Any]]) -> list | None:
         """The inputs of a recorded call of ``op`` whose tensors have exactly these (shape, stride, dtype)."""
-        for inputs in self.calls.get(op, ()):
+        for inputs in self.calls.get(op, {}).values():
             if len(inputs) == len(layouts) and all(
                 _same_layout(t, shape, stride, dtype) for t, (shape, stride, dtype) in zip(inputs, layouts, strict=True)
             ):
@@ -63,13 +66,23 @@ class _Pool(TorchDispatchMode):
         from torch.utils._pytree import tree_leaves
 
         kwargs = kwargs or {}
-        calls = self.calls.setdefault(str(func), [])
-        if len(calls) < _CALLS_KEPT:  # unique input tensors in pytree order, as the signature numbers them
-            calls.append(list({id(t): t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}.values()))
+        calls = self.calls.setdefault(str(func), {})
+        if len(calls) < _LAYOUTS_KEPT:  # unique input tensors in pytree order, as the signature numbers them
+            inputs = list({id(t): t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}.values())
+            calls.setdefault(tuple(_layout(t) for t in inputs), inputs)
         out = func(*args, **kwargs)
         for t in tree_leaves((args, kwargs, out)):
             self.add(t)
         return out
+
+
+def _layout(t: Any) -> tuple:
+    """(shape, stride, dtype); stride None where the tensor has none (sparse, nested)."""
+    try:
+        stride = t.stride()
+    except (RuntimeError, NotImplementedError):
+        stride = None
+    return tuple(t.shape), stride, t.dtype
 
 
 def _same_layout(t: Any, shape: tuple[int, ...], stride: tuple[int, ...], dtype: Any) -> bool:
