@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sympy
@@ -165,6 +168,7 @@ class RequestSymbols:
         self.hints: dict[str, int] = {}
         self.symints: dict[str, torch.SymInt] = {}
         self._rendered: dict[sympy.Basic, Dim] = {}  # tracing renders the same few expressions over and over
+        self.int_site: str | None = None  # see int_sites
 
     def new(self, name: str, hint: int) -> torch.SymInt:
         """A fresh REQUEST symbol called ``name`` (one of REQUEST_SYMBOLS) whose dummy value is ``hint``."""
@@ -204,15 +208,44 @@ class RequestSymbols:
         const = any(a.is_Number and a not in (0, 1, -1) for a in sympy.preorder_traversal(expr))
         return Label.MIXED if const else Label.REQUEST
 
-    def check_specialised(self) -> None:
-        """Raise if the engine's code turned a request symbol into a constant (the trace would mislabel it)."""
+    def check_specialised(self, where: str = "") -> None:
+        """Raise if the engine's code turned a request symbol into a constant (the trace would mislabel it).
+
+        ``where`` says what ran when it was noticed (an op and its module); the Python line that asked for the
+        symbol as an int (``range(seq_len)``, ``int(n)``), when there was one, is named too."""
         for sym, named in self._by_symbol.items():
             value = self.shape_env.replace(sym)
             if value.is_Integer:
+                how = f"used it as a Python int at {self.int_site}" if self.int_site else (
+                    "converted it to a Python int or branched on its value")
+                at = f" in {where}" if where else ""
                 raise DoolyError(
-                    f"the engine's code specialised request size {named} to the constant {int(value)} "
-                    "(it converted it to a Python int or branched on its value); its shapes cannot be labelled"
+                    f"the engine's code specialised request size {named} to the constant {int(value)}{at} "
+                    f"({how}); its shapes cannot be labelled"
                 )
+
+    @contextmanager
+    def int_sites(self) -> Iterator[None]:
+        """Note where Python code first asks for a request size as an int (``range(tokens)`` loops over it, an
+        ``int()`` fixes it): the line a refusal names. Nothing else changes."""
+        originals = torch.SymInt.__index__, torch.SymInt.__int__
+        syms = self
+
+        def noting(original: Callable[[torch.SymInt], int]) -> Callable[[torch.SymInt], int]:
+            def conv(x: torch.SymInt) -> int:
+                if syms.int_site is None and not x.node.expr.is_number:
+                    frame = traceback.extract_stack(limit=2)[0]
+                    line = (frame.line or "").strip()
+                    syms.int_site = f"{Path(frame.filename).name}:{frame.lineno} `{line[:80]}`"
+                return original(x)
+
+            return conv
+
+        torch.SymInt.__index__, torch.SymInt.__int__ = noting(originals[0]), noting(originals[1])  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            torch.SymInt.__index__, torch.SymInt.__int__ = originals  # type: ignore[method-assign]
 
     def guards(self) -> list[str]:
         """Conditions on request symbols that the engine's control flow relied on (deduplicated, in order)."""
@@ -247,6 +280,27 @@ def _hint(x: Any) -> Any:
     return x
 
 
+def _polar(abs: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    shape = torch.broadcast_shapes(abs.shape, angle.shape)
+    return torch.empty(shape, dtype=torch.complex128 if abs.dtype == torch.float64 else torch.complex64,
+                       device=abs.device)  # fmt: skip
+
+
+def _constant_pad_nd(x: torch.Tensor, pad: list, value: float = 0) -> torch.Tensor:
+    import torch._refs
+
+    return torch._refs.constant_pad_nd(x, pad, value)
+
+
+# Ops whose fake kernels need concrete sizes (torch's polar meta fixes them, constant_pad_nd's C++ kernel takes
+# only ints): their outputs are computed with these instead, the op itself still recorded once as a real run
+# calls it (the sub-ops here run below the recorder and are not recorded).
+_SYMBOLIC_IMPLS: dict[Any, Callable[..., torch.Tensor]] = {
+    torch.ops.aten.polar.default: _polar,
+    torch.ops.aten.constant_pad_nd.default: _constant_pad_nd,
+}
+
+
 class OpRecorder(TorchDispatchMode):
     """Records each aten op the engine dispatches as a :class:`Signature` plus where it ran.
 
@@ -274,6 +328,7 @@ class OpRecorder(TorchDispatchMode):
         self._spec_cache: dict[Any, TensorSpec] = {}
         # id(fake tensor) -> (the fake tensor, kept alive so its id is never reused; its real value)
         self._values: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._replacements = len(syms.shape_env.replacements)
 
     def _spec(self, t: torch.Tensor) -> TensorSpec:
         raw_shape = tuple(_raw(x) for x in t.shape)
@@ -392,7 +447,12 @@ class OpRecorder(TorchDispatchMode):
             if self.recording:
                 self.data_reads.append(f"{self.module_of() or '-'}: {v!r}")
             return v
-        out = func(*args, **kwargs)
+        impl = _SYMBOLIC_IMPLS.get(func)
+        out = impl(*args, **kwargs) if impl is not None else func(*args, **kwargs)
+        if len(self.syms.shape_env.replacements) != self._replacements:
+            # noticed at once (not after the pass: an SSM's loop would run on for every position) and where
+            self._replacements = len(self.syms.shape_env.replacements)
+            self.syms.check_specialised(f"{func} ({self.module_of() or 'the model'})")
         self._track_values(func, args, kwargs, out)
         # remember a factory op's output: torch detaches it once more when its sizes are symbolic
         has_tensor_input = any(isinstance(x, torch.Tensor) for x in tree_flatten((args, kwargs))[0])

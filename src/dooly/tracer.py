@@ -103,7 +103,7 @@ def trace_model(
     t_build = time.perf_counter() - t0
 
     try:
-        with syms.fake_mode, engine.tracing_context(), _module_tracking(model) as stack:
+        with syms.fake_mode, syms.int_sites(), engine.tracing_context(), _module_tracking(model) as stack:
             recorder = OpRecorder(syms, engine.engine_id, lambda: stack[-1] if stack else "")
             with recorder:
                 inputs = engine.prepare(model, shape)  # tracked for values (the cache prefill), not recorded

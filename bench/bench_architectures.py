@@ -1,0 +1,199 @@
+"""Sweep: trace a tiny config of every causal-LM architecture the installed transformers registers, in each phase.
+
+Each architecture's config class is built with its defaults, then shrunk (hidden size 64, 2 layers, 4 heads,
+vocab 128, ... wherever the config has such a field, sub-configs too) so the model builds in a second; where the
+shrunk config does not build, the default config with 2 layers is used (tracing costs no weight memory).
+Every phase ends as ``traced``, ``refused`` (a :class:`DoolyError`: the one-line reason is printed) or
+``crashed`` (any other exception: a tracer bug to fix). A trace slower than ``--timeout`` seconds is ``crashed``.
+
+    .venv/bin/python bench/bench_architectures.py                     # every architecture, every phase
+    .venv/bin/python bench/bench_architectures.py mamba jamba --phases chunk
+    .venv/bin/python bench/bench_architectures.py --shard 0/3 --json /tmp/a0.json   # a third of them
+    .venv/bin/python bench/bench_architectures.py --merge /tmp/a0.json /tmp/a1.json /tmp/a2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dooly.errors import DoolyError
+from dooly.tracer import trace_model
+
+PHASES = ("prefill", "decode", "chunk")
+
+# A tiny value for each size field a config may have (set only where the config class has the attribute).
+TINY: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,  # = heads: some architectures (latent attention) need it
+    "head_dim": 16,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+}
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Timeout
+
+
+def tiny_config(model_type: str) -> tuple[dict[str, Any], str]:
+    """A config dict for ``model_type`` (its defaults, shrunk) and how it was made (``tiny`` / ``default``)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    def shrink(cfg: PretrainedConfig) -> None:
+        for key, value in TINY.items():
+            if hasattr(cfg, key) and isinstance(getattr(cfg, key), int) and not isinstance(getattr(cfg, key), bool):
+                setattr(cfg, key, value)
+        for value in vars(cfg).values():
+            if isinstance(value, PretrainedConfig):
+                shrink(value)
+        # per-layer lists must match the new depth
+        n = getattr(cfg, "num_hidden_layers", None)
+        for key, value in list(vars(cfg).items()):
+            if isinstance(n, int) and isinstance(value, list) and key.endswith("layer_types") and len(value) > n:
+                setattr(cfg, key, value[:n])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = AutoConfig.for_model(model_type)
+        shrink(cfg)
+        return cfg.to_dict(), "tiny"
+
+
+def default_config(model_type: str) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = AutoConfig.for_model(model_type)
+    doc = cfg.to_dict()
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(doc.get(key), int):
+            doc[key] = min(doc[key], 2)
+    return doc
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def sweep(model_types: list[str], phases: list[str], timeout: int, console: Console) -> list[dict[str, Any]]:
+    from dooly.engines import get_engine
+
+    engine = get_engine()
+    rows = []
+    signal.signal(signal.SIGALRM, _alarm)
+    for mt in model_types:
+        try:
+            cfg, made = tiny_config(mt)
+            engine.build_model(cfg)  # a shrunk config that does not build falls back to the defaults
+        except Exception:  # noqa: BLE001 - the sweep records every outcome
+            try:
+                cfg, made = default_config(mt), "default"
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"arch": mt, "phase": "-", "result": "no config", "reason": one_line(exc), "config": "-"})
+                continue
+        for ph in phases:
+            t0 = time.perf_counter()
+            signal.alarm(timeout)
+            try:
+                tr = trace_model(cfg, ph, name=mt, engine=engine)
+                result, reason = "traced", f"{len(tr.records)} ops"
+            except DoolyError as exc:
+                result, reason = "refused", str(exc)
+            except _Timeout:
+                result, reason = "crashed", f"timeout after {timeout} s"
+            except Exception as exc:  # noqa: BLE001
+                result, reason = "crashed", one_line(exc)
+            finally:
+                signal.alarm(0)
+            row = {"arch": mt, "phase": ph, "result": result, "reason": reason, "config": made,
+                   "seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
+            rows.append(row)
+            console.print(f"{mt} {ph} {made}: {result} ({row['seconds']} s) {reason}", highlight=False, markup=False)
+    return rows
+
+
+def report(rows: list[dict[str, Any]], console: Console) -> None:
+    table = Table(title="dooly trace over every causal-LM architecture of the installed transformers")
+    for col in ("architecture", "config", *PHASES, "reason (first refusal / crash)"):
+        table.add_column(col)
+    by_arch: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_arch.setdefault(r["arch"], {})[r["phase"]] = r
+    for arch, phs in sorted(by_arch.items()):
+        bad = [r for r in phs.values() if r["result"] != "traced"]
+        cfg = next(iter(phs.values()))["config"]
+        cells = [phs[p]["result"] if p in phs else ("-" if "-" not in phs else phs["-"]["result"]) for p in PHASES]
+        table.add_row(arch, cfg, *cells, bad[0]["reason"] if bad else "", style=None)
+    console.print(table)
+    per_phase = Counter((r["phase"], r["result"]) for r in rows)
+    for ph in PHASES:
+        counts = {res: per_phase[(ph, res)] for res in ("traced", "refused", "crashed")}
+        console.print(f"{ph}: " + ", ".join(f"{n} {res}" for res, n in counts.items()), highlight=False)
+    archs = Counter()
+    for _arch, phs in by_arch.items():
+        results = {r["result"] for r in phs.values()}
+        archs["crashed" if "crashed" in results else "traced" if results == {"traced"} else
+              "no config" if "no config" in results else "refused in some phase"] += 1  # fmt: skip
+    console.print(f"architectures: {len(by_arch)}; " + ", ".join(f"{n} {k}" for k, n in sorted(archs.items())))
+    reasons = Counter(r["reason"] for r in rows if r["result"] in ("refused", "crashed"))
+    console.print("most common reasons:")
+    for reason, n in reasons.most_common(12):
+        console.print(f"  {n:4d}  {reason[:200]}", highlight=False, markup=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("archs", nargs="*", help="model_type names (default: every causal-LM architecture)")
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--timeout", type=int, default=60, help="seconds per trace before it counts as crashed")
+    ap.add_argument("--shard", default="0/1", help="I/N: run the I-th of N equal slices of the architectures")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--merge", type=Path, nargs="+", help="skip tracing: print the table of these --json files")
+    a = ap.parse_args()
+    console = Console(width=220)
+    if a.merge:
+        rows = [r for f in a.merge for r in json.loads(f.read_text())]
+    else:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        archs = a.archs or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        i, n = (int(x) for x in a.shard.split("/"))
+        archs = archs[i::n]
+        rows = sweep(archs, a.phases.split(","), a.timeout, console)
+        if a.json:
+            a.json.write_text(json.dumps(rows, indent=1))
+    report(rows, console)
+
+
+if __name__ == "__main__":
+    main()
