@@ -134,22 +134,29 @@ _REL = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan":
 
 
 def render_guard(expr: sympy.Basic) -> str:
-    """A guard (relational over request symbols) as ``<symbolic part> <op> <constant>``; informational only."""
-    op = _REL.get(type(expr).__name__)
+    """A guard (relational over request symbols, or an ``and`` / ``or`` of them) as ``<symbolic part> <op>
+    <constant>`` in the expression grammar (:func:`dooly.signature.eval_guard` evaluates it); DoolyError if
+    it has no such form."""
+    name = type(expr).__name__
+    if name in ("Or", "And"):
+        joined = f" {name.lower()} ".join(f"({render_guard(a)})" for a in expr.args)
+        return joined
+    op = _REL.get(name)
     if op is None:
-        return str(expr)
+        raise DoolyError(f"guard {expr} is not a comparison")
     diff = sympy.expand(expr.lhs - expr.rhs)
     const = diff.as_coeff_Add()[0]
     var = diff - const
     if var == 0:
-        return str(expr)
+        raise DoolyError(f"guard {expr} is a constant")
     lead = var.as_ordered_terms()[0].as_coeff_Mul()[0]
     if lead < 0:  # write "kv_len >= 50", not "-kv_len <= -50"
         var, const, op = -var, -const, _FLIP[op]
-    try:
-        return f"{render(var)} {op} {render(-const)}"
-    except DoolyError:
-        return str(expr)
+    return f"{render(var)} {op} {render(-const)}"
+
+
+class SpecialisedError(DoolyError):
+    """The engine's code fixed a request size to a constant (see :meth:`RequestSymbols.check_specialised`)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -169,6 +176,9 @@ class RequestSymbols:
         self.symints: dict[str, torch.SymInt] = {}
         self._rendered: dict[sympy.Basic, Dim] = {}  # tracing renders the same few expressions over and over
         self.int_site: str | None = None  # see int_sites
+        # A branch taken at one request size only (``kv_len + 1 == window``) is traced with that size as a
+        # constant: exact there, and its guards say so (see guards)
+        self.allow_constants = False
 
     def new(self, name: str, hint: int) -> torch.SymInt:
         """A fresh REQUEST symbol called ``name`` (one of REQUEST_SYMBOLS) whose dummy value is ``hint``."""
@@ -213,13 +223,18 @@ class RequestSymbols:
 
         ``where`` says what ran when it was noticed (an op and its module); the Python line that asked for the
         symbol as an int (``range(seq_len)``, ``int(n)``), when there was one, is named too."""
+        if self.allow_constants:
+            return
         for sym, named in self._by_symbol.items():
             value = self.shape_env.replace(sym)
             if value.is_Integer:
-                how = f"used it as a Python int at {self.int_site}" if self.int_site else (
-                    "converted it to a Python int or branched on its value")
+                how = (
+                    f"used it as a Python int at {self.int_site}"
+                    if self.int_site
+                    else ("converted it to a Python int or branched on its value")
+                )
                 at = f" in {where}" if where else ""
-                raise DoolyError(
+                raise SpecialisedError(
                     f"the engine's code specialised request size {named} to the constant {int(value)}{at} "
                     f"({how}); its shapes cannot be labelled"
                 )
@@ -247,13 +262,18 @@ class RequestSymbols:
         finally:
             torch.SymInt.__index__, torch.SymInt.__int__ = originals  # type: ignore[method-assign]
 
-    def guards(self) -> list[str]:
-        """Conditions on request symbols that the engine's control flow relied on (deduplicated, in order)."""
-        out: list[str] = []
+    def guards(self) -> list[sympy.Basic]:
+        """Conditions on request symbols that the engine's control flow relied on (over the named symbols,
+        deduplicated, in order)."""
+        out: list[sympy.Basic] = []
+        for sym, named in self._by_symbol.items():
+            value = self.shape_env.replace(sym)
+            if value.is_Integer:
+                out.append(sympy.Eq(named, value))
         for g in self.shape_env.guards:
-            text = render_guard(self.named(g.expr))
-            if text not in out and text != "True":
-                out.append(text)
+            expr = self.named(g.expr)
+            if expr not in out and expr is not sympy.true:
+                out.append(expr)
         return out
 
 
@@ -473,4 +493,4 @@ class OpRecorder(TorchDispatchMode):
         return False
 
 
-__all__ = ["Label", "OpRecorder", "RequestSymbols", "render", "render_guard"]
+__all__ = ["Label", "OpRecorder", "RequestSymbols", "SpecialisedError", "render", "render_guard"]
