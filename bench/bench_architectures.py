@@ -3,12 +3,14 @@
 Each architecture's config class is built with its defaults, then shrunk (hidden size 64, 2 layers, 4 heads,
 vocab 128, ... wherever the config has such a field, sub-configs too) so the model builds in a second; where the
 shrunk config does not build, the default config with 2 layers is used (tracing costs no weight memory).
-Every phase ends as ``traced``, ``refused`` (a :class:`DoolyError`: the one-line reason is printed) or
-``crashed`` (any other exception: a tracer bug to fix). A trace slower than ``--timeout`` seconds is ``crashed``.
+Every phase ends as ``traced``, ``refused`` (a :class:`DoolyError`: the one-line reason is printed), ``engine
+fails`` (the trace raised and so does a real run of the engine at small sizes, tiny configs only: the engine's
+own code cannot run it) or ``crashed`` (any other exception: a tracer bug to fix). A trace slower than
+``--timeout`` seconds is ``crashed``.
 
     .venv/bin/python bench/bench_architectures.py                     # every architecture, every phase
     .venv/bin/python bench/bench_architectures.py mamba jamba --phases chunk
-    .venv/bin/python bench/bench_architectures.py --shard 0/3 --json /tmp/a0.json   # a third of them
+    .venv/bin/python bench/bench_architectures.py --shard 0/3 --json /tmp/a0.json   # a third; rerun resumes
     .venv/bin/python bench/bench_architectures.py --merge /tmp/a0.json /tmp/a1.json /tmp/a2.json
 """
 
@@ -100,18 +102,41 @@ def default_config(model_type: str) -> dict[str, Any]:
     return doc
 
 
+def real_failure(engine: Any, cfg: dict[str, Any], phase: str) -> str | None:
+    """Why a real run of the engine (real tensors, small sizes) fails in ``phase``, or None when it runs: a trace
+    that crashes where the engine's own code fails on real tensors is not a tracer bug."""
+    from dooly.engines import RequestShape
+
+    shape = {"prefill": RequestShape(2, 5, 0), "decode": RequestShape(2, 1, 7), "chunk": RequestShape(2, 5, 7)}
+    try:
+        model = engine.build_model(cfg)
+        engine.forward(model, engine.prepare(model, shape[phase]))
+    except Exception as exc:  # noqa: BLE001
+        return one_line(exc)
+    return None
+
+
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def sweep(model_types: list[str], phases: list[str], timeout: int, console: Console) -> list[dict[str, Any]]:
+def sweep(
+    model_types: list[str], phases: list[str], timeout: int, console: Console, save: Path | None = None
+) -> list[dict[str, Any]]:
+    """Trace each architecture in each phase; with ``save``, rows are written there after each architecture and
+    the architectures already in it are skipped (a sweep cut short by a time limit resumes)."""
     from dooly.engines import get_engine
 
     engine = get_engine()
-    rows = []
+    rows = json.loads(save.read_text()) if save is not None and save.exists() else []
+    done = {r["arch"] for r in rows}
     signal.signal(signal.SIGALRM, _alarm)
     for mt in model_types:
+        if mt in done:
+            continue
+        if save is not None:
+            save.write_text(json.dumps(rows, indent=1))
         try:
             cfg, made = tiny_config(mt)
             engine.build_model(cfg)  # a shrunk config that does not build falls back to the defaults
@@ -133,12 +158,18 @@ def sweep(model_types: list[str], phases: list[str], timeout: int, console: Cons
                 result, reason = "crashed", f"timeout after {timeout} s"
             except Exception as exc:  # noqa: BLE001
                 result, reason = "crashed", one_line(exc)
+                if made == "tiny":
+                    real = real_failure(engine, cfg, ph)
+                    if real is not None:
+                        result, reason = "engine fails", f"a real run fails too: {real}"
             finally:
                 signal.alarm(0)
             row = {"arch": mt, "phase": ph, "result": result, "reason": reason, "config": made,
                    "seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
             rows.append(row)
             console.print(f"{mt} {ph} {made}: {result} ({row['seconds']} s) {reason}", highlight=False, markup=False)
+    if save is not None:
+        save.write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -157,13 +188,13 @@ def report(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
     per_phase = Counter((r["phase"], r["result"]) for r in rows)
     for ph in PHASES:
-        counts = {res: per_phase[(ph, res)] for res in ("traced", "refused", "crashed")}
+        counts = {res: per_phase[(ph, res)] for res in ("traced", "refused", "engine fails", "crashed")}
         console.print(f"{ph}: " + ", ".join(f"{n} {res}" for res, n in counts.items()), highlight=False)
     archs = Counter()
     for _arch, phs in by_arch.items():
         results = {r["result"] for r in phs.values()}
         archs["crashed" if "crashed" in results else "traced" if results == {"traced"} else
-              "no config" if "no config" in results else "refused in some phase"] += 1  # fmt: skip
+              "no config" if "no config" in results else "refused or failing in some phase"] += 1  # fmt: skip
     console.print(f"architectures: {len(by_arch)}; " + ", ".join(f"{n} {k}" for k, n in sorted(archs.items())))
     reasons = Counter(r["reason"] for r in rows if r["result"] in ("refused", "crashed"))
     console.print("most common reasons:")
@@ -175,9 +206,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("archs", nargs="*", help="model_type names (default: every causal-LM architecture)")
     ap.add_argument("--phases", default=",".join(PHASES))
-    ap.add_argument("--timeout", type=int, default=60, help="seconds per trace before it counts as crashed")
+    ap.add_argument("--timeout", type=int, default=150, help="seconds per trace before it counts as crashed")
     ap.add_argument("--shard", default="0/1", help="I/N: run the I-th of N equal slices of the architectures")
-    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--json", type=Path, help="write the rows here (and resume from it: its architectures are skipped)")
     ap.add_argument("--merge", type=Path, nargs="+", help="skip tracing: print the table of these --json files")
     a = ap.parse_args()
     console = Console(width=220)
@@ -189,9 +220,7 @@ def main() -> None:
         archs = a.archs or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
         i, n = (int(x) for x in a.shard.split("/"))
         archs = archs[i::n]
-        rows = sweep(archs, a.phases.split(","), a.timeout, console)
-        if a.json:
-            a.json.write_text(json.dumps(rows, indent=1))
+        rows = sweep(archs, a.phases.split(","), a.timeout, console, a.json)
     report(rows, console)
 
 

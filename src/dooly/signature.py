@@ -221,8 +221,11 @@ def _parse_guard(guard: str) -> ast.expr:
             for v in node.values:
                 check(v)
         elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMP:
-            _check(node.left, guard)
-            _check(node.comparators[0], guard)
+            try:
+                _check(node.left, guard)
+                _check(node.comparators[0], guard)
+            except DoolyError as exc:
+                raise DoolyError(f"bad guard {guard[:60]!r}: {exc}") from None
         else:
             raise DoolyError(f"bad guard {guard[:60]!r}: {ast.dump(node)[:60]} is not a comparison")
 

@@ -306,19 +306,22 @@ def _polar(abs: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
                        device=abs.device)  # fmt: skip
 
 
-def _constant_pad_nd(x: torch.Tensor, pad: list, value: float = 0) -> torch.Tensor:
-    import torch._refs
+def _decomposed(op: Any) -> Callable[..., torch.Tensor]:
+    from torch._decomp import decomposition_table
 
-    return torch._refs.constant_pad_nd(x, pad, value)
+    return decomposition_table[op]
 
 
-# Ops whose fake kernels need concrete sizes (torch's polar meta fixes them, constant_pad_nd's C++ kernel takes
-# only ints): their outputs are computed with these instead, the op itself still recorded once as a real run
-# calls it (the sub-ops here run below the recorder and are not recorded).
+# Ops whose fake kernels need concrete sizes (torch's polar meta fixes them; the C++ kernels of constant_pad_nd
+# and baddbmm take only ints): their outputs are computed with these instead, the op itself still recorded once as
+# a real run calls it (the sub-ops here run below the recorder and are not recorded). Another op that fails the
+# same way falls back to torch's decomposition of it (see OpRecorder.__torch_dispatch__).
 _SYMBOLIC_IMPLS: dict[Any, Callable[..., torch.Tensor]] = {
     torch.ops.aten.polar.default: _polar,
-    torch.ops.aten.constant_pad_nd.default: _constant_pad_nd,
+    torch.ops.aten.constant_pad_nd.default: _decomposed(torch.ops.aten.constant_pad_nd.default),
+    torch.ops.aten.baddbmm.default: _decomposed(torch.ops.aten.baddbmm.default),
 }
+_CONCRETE_ONLY = "expected to contain only concrete integers"
 
 
 class OpRecorder(TorchDispatchMode):
@@ -468,7 +471,14 @@ class OpRecorder(TorchDispatchMode):
                 self.data_reads.append(f"{self.module_of() or '-'}: {v!r}")
             return v
         impl = _SYMBOLIC_IMPLS.get(func)
-        out = impl(*args, **kwargs) if impl is not None else func(*args, **kwargs)
+        try:
+            out = impl(*args, **kwargs) if impl is not None else func(*args, **kwargs)
+        except RuntimeError as exc:
+            from torch._decomp import decomposition_table
+
+            if _CONCRETE_ONLY not in str(exc) or func not in decomposition_table:
+                raise
+            out = decomposition_table[func](*args, **kwargs)
         if len(self.syms.shape_env.replacements) != self._replacements:
             # noticed at once (not after the pass: an SSM's loop would run on for every position) and where
             self._replacements = len(self.syms.shape_env.replacements)

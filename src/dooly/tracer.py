@@ -23,6 +23,7 @@ There is no per-architecture code here, in :mod:`dooly.taint` or in :mod:`dooly.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ import torch
 
 from dooly.engines import Engine, RequestShape, get_engine
 from dooly.errors import DoolyError
-from dooly.signature import PHASES, ModelTrace, OpRecord, canonical_json, layer_of
+from dooly.signature import PHASES, ModelTrace, OpRecord, layer_of
 from dooly.taint import OpRecorder, RequestSymbols, SpecialisedError, render_guard
 
 #: Dummy request values. Any values >= 2 give the same signatures (they only steer guards); they are distinct
@@ -48,7 +49,9 @@ DEFAULT_HINTS: dict[str, dict[str, int]] = {
 def config_hash(config: Mapping[str, Any]) -> str:
     """Stable digest of a config dict (what the model is, not where it came from)."""
     body = {k: v for k, v in config.items() if not k.startswith("_")}
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()[:16]
+    # canonical_json's spelling, but a config may hold an infinite float (an SSM's time-step limit)
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @contextmanager
@@ -265,9 +268,17 @@ def _explore(
             branches.append(_trace_once(config, phase, uncovered[0], name, engine, allow_constants=True))
     out = []
     for tr, guards in branches:
-        split = [g for g in guards if not all(ev.holds(g, p) for p in cands)]
+        # guards that flip at the same candidate sizes say the same thing: the shortest one is kept
+        by_truth: dict[tuple[bool, ...], str] = {}
         try:
-            tr.guards = list(dict.fromkeys(render_guard(g) for g in split))
+            for g in guards:
+                truth = tuple(ev.holds(g, p) for p in cands)
+                if all(truth):
+                    continue
+                text = render_guard(g)
+                if truth not in by_truth or len(text) < len(by_truth[truth]):
+                    by_truth[truth] = text
+            tr.guards = list(by_truth.values())
         except DoolyError as exc:
             raise DoolyError(f"the engine's code branches on a request size dooly cannot write ({exc})") from None
         out.append(tr)
