@@ -84,3 +84,31 @@ def test_the_predictor_prices_the_branch_whose_guards_hold(windowed_decode: Mode
         v = {"requests": 2, "kv_len": kv}
         assert p.ops_latency("decode", v) == pytest.approx(1e-6 * len(branch.records))
         assert p.records_at("decode", v) == len(branch.records)
+
+
+def test_plan_profile_and_predict_a_model_whose_code_branches(tmp_path) -> None:  # noqa: ANN001
+    """`dooly plan/profile/validate` on the windowed model: every branch's signatures are planned and profiled, and
+    the predictor prices each request size with the branch traced for it."""
+    from test_profiler import FAST, GRID
+
+    from dooly.profiler import make_plan, run_plan
+
+    cfg = {**WINDOWED, "_name_or_path": "windowed"}
+    engine = get_engine()
+    db = tmp_path / "p.db"
+    from dooly.store import ProfileStore
+
+    with ProfileStore(db) as st:
+        plan = make_plan([cfg], st, engine, GRID, threads=1)
+        traces = plan.models[0].traces
+        assert traces["decode"].sides and traces["prefill"].sides
+        for phase, tr in traces.items():
+            assert set(plan.models[0].needs[phase]) == {s.key for s in tr.all_unique()}
+        stats = run_plan(plan, st, engine, timer=FAST, threads=1)
+        assert stats["failed"] == 0
+        assert st.complete_keys(plan.ctx) >= {s.key for tr in traces.values() for s in tr.all_unique()}
+    p = Predictor.for_model(cfg, db, engine, threads=1, method="interp")
+    dec = traces["decode"]
+    short, long = {"requests": 2, "kv_len": 8}, {"requests": 2, "kv_len": 100}
+    assert p.records_at("decode", short) == len(dec.at(short).records) != p.records_at("decode", long)
+    assert p.forward_latency("decode", short) > 0 and p.forward_latency("decode", long) > 0
