@@ -65,28 +65,53 @@ def _alarm(signum: int, frame: Any) -> None:
     raise _Timeout
 
 
-def tiny_config(model_type: str) -> tuple[dict[str, Any], str]:
-    """A config dict for ``model_type`` (its defaults, shrunk) and how it was made (``tiny`` / ``default``)."""
+def tiny_configs(model_type: str) -> list[dict[str, Any]]:
+    """Config dicts for ``model_type``, its defaults shrunk: plainly, then with the derived sizes made consistent
+    (layer patterns cut to the new depth, token ids inside the vocabulary, SSM heads x head size = expand x
+    hidden). The sweep takes the first that builds."""
     from transformers import AutoConfig, PretrainedConfig
 
-    def shrink(cfg: PretrainedConfig) -> None:
+    def shrink(cfg: PretrainedConfig, derived: bool) -> None:
+        depth = getattr(cfg, "num_hidden_layers", None)
         for key, value in TINY.items():
             if hasattr(cfg, key) and isinstance(getattr(cfg, key), int) and not isinstance(getattr(cfg, key), bool):
                 setattr(cfg, key, value)
         for value in vars(cfg).values():
             if isinstance(value, PretrainedConfig):
-                shrink(value)
-        # per-layer lists must match the new depth
+                shrink(value, derived)
         n = getattr(cfg, "num_hidden_layers", None)
+        if not derived:
+            for key, value in list(vars(cfg).items()):
+                if isinstance(n, int) and isinstance(value, list) and key.endswith("layer_types") and len(value) > n:
+                    setattr(cfg, key, value[:n])
+            return
         for key, value in list(vars(cfg).items()):
-            if isinstance(n, int) and isinstance(value, list) and key.endswith("layer_types") and len(value) > n:
+            if not (isinstance(n, int) and isinstance(value, list) and value):
+                continue
+            if len(value) == depth or key.endswith("layer_types"):  # a per-layer pattern: its first layers
                 setattr(cfg, key, value[:n])
+            elif key.endswith(("_indices", "_ids")) and all(isinstance(i, int) for i in value):  # layer numbers
+                setattr(cfg, key, [i for i in value if i < n] or [n - 1])
+        # token ids inside the vocabulary; an SSM mixer's heads x head size = expand x hidden
+        vocab = getattr(cfg, "vocab_size", None)
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            if isinstance(vocab, int) and isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) >= vocab:
+                setattr(cfg, key, vocab - 1)
+        hidden = getattr(cfg, "hidden_size", None)
+        ssm = (("mamba_n_heads", "mamba_d_head", "mamba_expand"), ("num_heads", "head_dim", "expand"))
+        for heads, size, expand in ssm:
+            if all(isinstance(getattr(cfg, k, None), int) for k in (heads, size, expand)) and isinstance(hidden, int):
+                setattr(cfg, heads, 4)
+                setattr(cfg, size, getattr(cfg, expand) * hidden // 4)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = AutoConfig.for_model(model_type)
-        shrink(cfg)
-        return cfg.to_dict(), "tiny"
+    out = []
+    for derived in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = AutoConfig.for_model(model_type)
+            shrink(cfg, derived)
+            out.append(cfg.to_dict())
+    return out
 
 
 def default_config(model_type: str) -> dict[str, Any]:
@@ -137,10 +162,18 @@ def sweep(
             continue
         if save is not None:
             save.write_text(json.dumps(rows, indent=1))
+        cfg, made = None, "tiny"
         try:
-            cfg, made = tiny_config(mt)
-            engine.build_model(cfg)  # a shrunk config that does not build falls back to the defaults
-        except Exception:  # noqa: BLE001 - the sweep records every outcome
+            for cand in tiny_configs(mt):
+                try:
+                    engine.build_model(cand)
+                except Exception:  # noqa: BLE001,S112 - the next candidate, then the defaults
+                    continue
+                cfg = cand
+                break
+        except Exception:  # noqa: BLE001,S110 - the defaults
+            pass
+        if cfg is None:
             try:
                 cfg, made = default_config(mt), "default"
             except Exception as exc:  # noqa: BLE001
