@@ -203,10 +203,11 @@ class _Guards:
         key = (g, tuple(pt.get(str(x), 0) for x in free))
         hit = self._memo.get(key)
         if hit is None:
-            r = g.xreplace({x: sympy.Integer(pt.get(str(x), 0)) for x in free})
             try:
-                hit = bool(r)
-            except TypeError:  # not decidable at these sizes: not a branch dooly can split on
+                hit = bool(g.xreplace({x: sympy.Integer(pt.get(str(x), 0)) for x in free}))
+            except (TypeError, ZeroDivisionError):
+                # not decidable at these sizes (or the code's own arithmetic divides by zero there, so no run
+                # has them): not a branch dooly can split on
                 hit = True
             self._memo[key] = hit
         return hit
