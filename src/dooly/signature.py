@@ -44,9 +44,12 @@ Data model
                       module path, or ``None``) and ``view`` (True for view/metadata-only ops that launch no kernel).
 :class:`ModelTrace`   ``model``, ``config_hash``, ``phase`` (one of :data:`PHASES`), ``engine``, ``records``,
                       ``hints`` (the dummy request values used), ``guards`` (conditions on the request symbols the
-                      engine's control flow depended on, e.g. ``"kv_len + 1 <= 4096"`` for a sliding window: the
-                      trace is valid where they hold), ``.unique()`` -> ``{Signature: multiplicity}``,
-                      ``to_json`` / ``from_json``.
+                      engine's control flow depended on, e.g. ``"kv_len >= 4096"`` for a sliding window: the
+                      trace is valid where they hold; comparisons of expressions joined by ``and`` / ``or``, see
+                      :func:`eval_guard`), ``sides`` (the same phase traced where the guards fail, each with its
+                      own hints and guards; ``.at(values)`` picks the branch for a request size,
+                      ``.all_unique()`` the signatures of every branch), ``.unique()`` ->
+                      ``{Signature: multiplicity}``, ``to_json`` / ``from_json``.
 
 The ``args`` JSON
 -----------------
