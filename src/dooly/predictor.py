@@ -227,32 +227,47 @@ class Predictor:
         self._groups: dict[str, list[tuple[GridTable, np.ndarray]]] = {}
         self._forests: dict[str, list[tuple[SignatureModel, int]]] = {}
         self.missing: dict[str, list[str]] = {}
+        # a phase whose code branches on a request size has one pass per branch (the trace's sides): each is
+        # priced where its guards hold, under its own key (branch_key)
         for phase, tr in self.traces.items():
-            uniq = tr.unique()  # type: ignore[attr-defined]
-            self.n_records[phase] = len(tr.records)  # type: ignore[attr-defined]
-            self.missing[phase] = [str(s) for s in uniq if not points.get(s.key)]
-            by_syms: dict[tuple, list] = {}
-            for s, mult in uniq.items():
-                pts = points.get(s.key)
-                if not pts:
-                    continue
-                syms = tuple(sorted(s.symbols()))
-                if method == "forest":
-                    self._forests.setdefault(phase, []).append((SignatureModel(syms, pts, "forest"), mult))
-                    continue
-                axes, arr = _build_grid(pts, syms)
-                gkey = (syms, tuple(tuple(a) for a in axes))
-                by_syms.setdefault(gkey, []).append((s.key, arr, mult))
-            groups = []
-            for (syms, axes), members in by_syms.items():
-                g = GridTable(syms, tuple(np.array(a) for a in axes), [k for k, _, _ in members])
-                g.table = np.stack([a for _, a, _ in members])
-                groups.append((g, np.array([m for *_, m in members], dtype=np.float64)))
-            self._groups[phase] = groups
+            self.missing[phase] = sorted({str(s) for s in tr.all_unique() if not points.get(s.key)})  # type: ignore[attr-defined]
+            for key, branch in zip(_branch_keys(phase, tr), tr.branches(), strict=True):  # type: ignore[attr-defined]
+                self._add_pass(key, branch, points, method)
         self._memo: dict[object, float] = {}
         self.flattens_batches = False  # set by for_model from the engine (see iteration_latency)
-        # filled by for_model(shape=True): per phase, the signatures predicted from shape alone (never measured)
+        # filled by for_model(shape=True): per pass, the signatures predicted from shape alone (never measured)
         self.shape_predicted: dict[str, list[ShapeFill]] = {}
+
+    def branch_key(self, phase: str, values: Mapping[str, int]) -> str:
+        """The pass the engine runs in ``phase`` at ``values``: the phase, or ``phase/i`` for its i-th side."""
+        tr = self.traces.get(phase)
+        if tr is None or not tr.sides:  # type: ignore[attr-defined]
+            return phase
+        branch = tr.at(values)  # type: ignore[attr-defined]
+        return _branch_keys(phase, tr)[next(i for i, b in enumerate(tr.branches()) if b is branch)]  # type: ignore[attr-defined]
+
+    def _add_pass(self, key: str, tr: object, points: Mapping[str, Sequence], method: str) -> None:
+        """Index one pass's signatures (with multiplicities) under ``key``, grouped by symbol set."""
+        uniq = tr.unique()  # type: ignore[attr-defined]
+        self.n_records[key] = len(tr.records)  # type: ignore[attr-defined]
+        by_syms: dict[tuple, list] = {}
+        for s, mult in uniq.items():
+            pts = points.get(s.key)
+            if not pts:
+                continue
+            syms = tuple(sorted(s.symbols()))
+            if method == "forest":
+                self._forests.setdefault(key, []).append((SignatureModel(syms, pts, "forest"), mult))
+                continue
+            axes, arr = _build_grid(pts, syms)
+            gkey = (syms, tuple(tuple(a) for a in axes))
+            by_syms.setdefault(gkey, []).append((s.key, arr, mult))
+        groups = []
+        for (syms, axes), members in by_syms.items():
+            g = GridTable(syms, tuple(np.array(a) for a in axes), [k for k, _, _ in members])
+            g.table = np.stack([a for _, a, _ in members])
+            groups.append((g, np.array([m for *_, m in members], dtype=np.float64)))
+        self._groups[key] = groups
 
     # -- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -325,7 +340,7 @@ class Predictor:
     def shape_share(self, phase: str, values: Mapping[str, int]) -> tuple[float, float]:
         """Of the operator time at ``values``: the share predicted from shape alone, and its uncertainty
         relative to the whole (each shape-predicted signature's interval, summed as if fully correlated)."""
-        fills = self.shape_predicted.get(phase, [])
+        fills = self.shape_predicted.get(self.branch_key(phase, values), [])
         if not fills:
             return 0.0, 0.0
         total = self.ops_latency(phase, values)
@@ -340,11 +355,16 @@ class Predictor:
     def ops_latency(self, phase: str, values: Mapping[str, int]) -> float:
         """Sum over the pass's operators (with multiplicities) at the given request values."""
         total = 0.0
+        phase = self.branch_key(phase, values)
         for g, mult in self._groups.get(phase, []):
             total += float(np.exp(g.predict_log(values)) @ mult)
         for model, mult in self._forests.get(phase, []):
             total += model(values) * mult
         return total
+
+    def records_at(self, phase: str, values: Mapping[str, int]) -> int:
+        """Operator calls of the pass the engine runs in ``phase`` at ``values``."""
+        return self.n_records.get(self.branch_key(phase, values), 0)
 
     def forward_latency(self, phase: str, values: Mapping[str, int]) -> float:
         """One engine forward pass: operators plus the fitted framework overhead."""
@@ -352,7 +372,7 @@ class Predictor:
         hit = self._memo.get(key)
         if hit is None:
             ops = self.ops_latency(phase, values)
-            hit = self._memo[key] = self.overhead(phase, ops, self.n_records.get(phase, 0), values)
+            hit = self._memo[key] = self.overhead(phase, ops, self.records_at(phase, values), values)
         return hit
 
     def iteration_latency(self, batch: Batch) -> float:
@@ -391,7 +411,7 @@ def _flat_kv_base() -> int:
 
 def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]
     """Refuse a model with a signature that has no profile, or one whose planned grid is not all stored."""
-    keys = {s.key for tr in traces.values() for s in tr.unique()}
+    keys = {s.key for tr in traces.values() for s in tr.all_unique()}
     from dooly.store import profile_command
 
     again = profile_command(model, db_path, name)
@@ -454,7 +474,7 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
                 continue
             by_model[model] = Predictor(model, model_traces(base, json.loads(cfg_json), engine, store), pts, method)
         p = by_model[model]
-        rows.append((phase, p.ops_latency(phase, values), p.n_records[phase], values, m.median_s))
+        rows.append((phase, p.ops_latency(phase, values), p.records_at(phase, values), values, m.median_s))
         if own is not None and model.split("#")[0] == own:
             own_rows.append(rows[-1])
     if {r[0] for r in own_rows} == {"prefill", "decode"}:
@@ -483,7 +503,7 @@ def own_signatures(store, ctx, name: str, traces: Mapping[str, object]) -> set[s
     from dooly.profiler.savings import profiled_models
 
     others = {k for m in profiled_models(store, ctx) if m.name != name for k in m.points}
-    return {s.key for tr in traces.values() for s in tr.unique()} - others  # type: ignore[attr-defined]
+    return {s.key for tr in traces.values() for s in tr.all_unique()} - others  # type: ignore[attr-defined]
 
 
 def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignore[no-untyped-def]
@@ -498,18 +518,27 @@ def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignor
     grid = GridSpec().within(max_positions(config))
     fills: dict[str, list[ShapeFill]] = {}
     synth: dict[str, list[tuple[dict[str, int], float]]] = {}
+    unc: dict[str, float] = {}
     for phase, tr in traces.items():
-        for sig, mult in tr.unique().items():
-            if sig.key in measured or not model.covers(sig):
-                continue
-            syms = tuple(sorted(sig.symbols()))
-            grid_pts = grid.signature_points(phase, syms)
-            pred = model.predict(sig, grid_pts)
-            synth[sig.key] = [(p, float(t)) for p, t in zip(grid_pts, pred.seconds, strict=True)]
-            fills.setdefault(phase, []).append(
-                ShapeFill(sig.key, sig, mult, SignatureModel(syms, synth[sig.key]), pred.rel_uncertainty)
-            )
+        for key, branch in zip(_branch_keys(phase, tr), tr.branches(), strict=True):
+            for sig, mult in branch.unique().items():
+                if sig.key in measured or not model.covers(sig):
+                    continue
+                syms = tuple(sorted(sig.symbols()))
+                if sig.key not in synth:
+                    grid_pts = grid.signature_points(phase, syms)
+                    pred = model.predict(sig, grid_pts)
+                    synth[sig.key] = [(p, float(t)) for p, t in zip(grid_pts, pred.seconds, strict=True)]
+                    unc[sig.key] = pred.rel_uncertainty
+                fills.setdefault(key, []).append(
+                    ShapeFill(sig.key, sig, mult, SignatureModel(syms, synth[sig.key]), unc[sig.key])
+                )
     return fills, synth
+
+
+def _branch_keys(phase: str, trace: object) -> list[str]:
+    """Keys of a phase's passes: the phase for the trace itself, ``phase/i`` for its i-th side."""
+    return [phase] + [f"{phase}/{i}" for i in range(1, len(trace.branches()))]  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------------------

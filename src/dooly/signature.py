@@ -44,9 +44,12 @@ Data model
                       module path, or ``None``) and ``view`` (True for view/metadata-only ops that launch no kernel).
 :class:`ModelTrace`   ``model``, ``config_hash``, ``phase`` (one of :data:`PHASES`), ``engine``, ``records``,
                       ``hints`` (the dummy request values used), ``guards`` (conditions on the request symbols the
-                      engine's control flow depended on, e.g. ``"kv_len + 1 <= 4096"`` for a sliding window: the
-                      trace is valid where they hold), ``.unique()`` -> ``{Signature: multiplicity}``,
-                      ``to_json`` / ``from_json``.
+                      engine's control flow depended on, e.g. ``"kv_len >= 4096"`` for a sliding window: the
+                      trace is valid where they hold; comparisons of expressions joined by ``and`` / ``or``, see
+                      :func:`eval_guard`), ``sides`` (the same phase traced where the guards fail, each with its
+                      own hints and guards; ``.at(values)`` picks the branch for a request size,
+                      ``.all_unique()`` the signatures of every branch), ``.unique()`` ->
+                      ``{Signature: multiplicity}``, ``to_json`` / ``from_json``.
 
 The ``args`` JSON
 -----------------
@@ -196,6 +199,56 @@ def eval_expr(expr: Dim, values: Mapping[str, int]) -> int:
     if isinstance(expr, int):
         return _bounded(expr, str(expr))
     return _eval(_parse(expr), values, expr)
+
+
+_CMP: dict[type, Callable[[int, int], bool]] = {
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+}
+
+
+def _parse_guard(guard: str) -> ast.expr:
+    if not isinstance(guard, str) or len(guard) > 4 * _MAX_EXPR_LEN:
+        raise DoolyError(f"bad guard {str(guard)[:60]!r}")
+    try:
+        tree = ast.parse(guard, mode="eval").body
+    except (SyntaxError, RecursionError, MemoryError, ValueError):
+        raise DoolyError(f"bad guard {guard[:60]!r}") from None
+
+    def check(node: ast.expr) -> None:
+        if isinstance(node, ast.BoolOp):
+            for v in node.values:
+                check(v)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMP:
+            try:
+                _check(node.left, guard)
+                _check(node.comparators[0], guard)
+            except DoolyError as exc:
+                raise DoolyError(f"bad guard {guard[:60]!r}: {exc}") from None
+        else:
+            raise DoolyError(f"bad guard {guard[:60]!r}: {ast.dump(node)[:60]} is not a comparison")
+
+    check(tree)
+    return tree
+
+
+def eval_guard(guard: str, values: Mapping[str, int]) -> bool:
+    """Whether a guard holds at the given request values: comparisons of expressions (``kv_len + 1 < 64``),
+    joined by ``and`` / ``or`` with parentheses, evaluated by the same whitelist walker as :func:`eval_expr`."""
+
+    def walk(node: ast.expr) -> bool:
+        if isinstance(node, ast.BoolOp):
+            parts = (walk(v) for v in node.values)
+            return any(parts) if isinstance(node.op, ast.Or) else all(parts)
+        assert isinstance(node, ast.Compare)
+        a, b = _eval(node.left, values, guard), _eval(node.comparators[0], values, guard)
+        return _CMP[type(node.ops[0])](a, b)
+
+    return walk(_parse_guard(guard))
 
 
 def expr_symbols(expr: Dim) -> frozenset[str]:
@@ -413,16 +466,41 @@ class ModelTrace:
     hints: dict[str, int] = field(default_factory=dict)  # dummy request values the pass ran at
     guards: list[str] = field(default_factory=list)  # conditions on request symbols the pass relied on
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. attn_implementation, dtype, seconds
+    # The same phase traced where the guards above do not hold (the engine's code branches on a request size):
+    # each side has its own hints, guards and records. Empty when one trace covers every request size.
+    sides: list[ModelTrace] = field(default_factory=list)
 
     def unique(self) -> dict[Signature, int]:
         """Each distinct signature with how many times the pass ran it (repeated layers count once)."""
         return dict(Counter(r.signature for r in self.records))
+
+    def branches(self) -> list[ModelTrace]:
+        """This trace and its sides: the passes the engine runs in this phase, each where its guards hold."""
+        return [self, *self.sides]
+
+    def at(self, values: Mapping[str, int]) -> ModelTrace:
+        """The branch whose guards hold at ``values`` (this trace when none does: outside every traced side)."""
+        for b in self.sides and self.branches():
+            if all(eval_guard(g, values) for g in b.guards):
+                return b
+        return self
+
+    def all_unique(self) -> dict[Signature, int]:
+        """Every signature of every branch, with its largest multiplicity (what profiling this phase needs)."""
+        out: dict[Signature, int] = {}
+        for b in self.branches():
+            for sig, n in b.unique().items():
+                out[sig] = max(n, out.get(sig, 0))
+        return out
 
     def kernels(self) -> list[OpRecord]:
         """Records that launch work (view/metadata-only ops left out)."""
         return [r for r in self.records if not r.view]
 
     def to_json(self) -> str:
+        return json.dumps(self._doc(), indent=1, sort_keys=True)
+
+    def _doc(self) -> dict[str, Any]:
         sigs: dict[str, dict[str, Any]] = {}
         for r in self.records:
             sigs.setdefault(r.signature.key, r.signature.to_dict())
@@ -438,7 +516,9 @@ class ModelTrace:
             "signatures": sigs,
             "records": [r.to_dict() for r in self.records],
         }
-        return json.dumps(doc, indent=1, sort_keys=True)
+        if self.sides:
+            doc["sides"] = [b._doc() for b in self.sides]
+        return doc
 
     @classmethod
     def from_json(cls, text: str, source: str = "<string>") -> ModelTrace:
@@ -446,10 +526,21 @@ class ModelTrace:
             doc = json.loads(text)
         except (TypeError, ValueError, RecursionError) as exc:
             raise DoolyError(f"{source}: malformed dooly trace ({type(exc).__name__}: {exc})") from None
+        return cls._from_doc(doc, source)
+
+    @classmethod
+    def _from_doc(cls, doc: Any, source: str, depth: int = 0) -> ModelTrace:
         if not isinstance(doc, dict) or doc.get("format") != "dooly.trace/1":
             fmt = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise DoolyError(f"{source}: not a dooly trace (format {fmt!r})")
+        sides = doc.get("sides", [])
+        if not isinstance(sides, list) or (depth and sides):
+            raise DoolyError(f"{source}: malformed dooly trace (sides must be a list of traces, one level deep)")
+        branches = [cls._from_doc(b, source, depth + 1) for b in sides]
         try:
+            guards = [str(g) for g in doc.get("guards", [])]
+            for g in guards:
+                _parse_guard(g)
             sigs = {k: Signature.from_dict(v) for k, v in doc["signatures"].items()}
             records = [
                 OpRecord(sigs[r["sig"]], int(r["order"]), str(r["module"]), _layer(r.get("layer")), bool(r.get("view")))
@@ -462,8 +553,9 @@ class ModelTrace:
                 engine=str(doc["engine"]),
                 records=records,
                 hints={k: int(v) for k, v in doc.get("hints", {}).items()},
-                guards=[str(g) for g in doc.get("guards", [])],
+                guards=guards,
                 meta=dict(doc.get("meta", {})),
+                sides=branches,
             )
         except DoolyError as exc:  # a bad signature inside: say which file it came from
             raise DoolyError(f"{source}: malformed dooly trace ({exc})") from None
@@ -479,7 +571,7 @@ def _layer(v: Any) -> int | None:
 
 def traces_to_json(traces: list[ModelTrace]) -> str:
     """Several traces as one JSON document (``{"format": "dooly.traces/1", "traces": [...]}``)."""
-    return json.dumps({"format": "dooly.traces/1", "traces": [json.loads(t.to_json()) for t in traces]}, indent=1)
+    return json.dumps({"format": "dooly.traces/1", "traces": [t._doc() for t in traces]}, indent=1)
 
 
 def traces_from_json(text: str, source: str = "<string>") -> list[ModelTrace]:

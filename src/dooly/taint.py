@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sympy
@@ -131,22 +134,29 @@ _REL = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan":
 
 
 def render_guard(expr: sympy.Basic) -> str:
-    """A guard (relational over request symbols) as ``<symbolic part> <op> <constant>``; informational only."""
-    op = _REL.get(type(expr).__name__)
+    """A guard (relational over request symbols, or an ``and`` / ``or`` of them) as ``<symbolic part> <op>
+    <constant>`` in the expression grammar (:func:`dooly.signature.eval_guard` evaluates it); DoolyError if
+    it has no such form."""
+    name = type(expr).__name__
+    if name in ("Or", "And"):
+        joined = f" {name.lower()} ".join(f"({render_guard(a)})" for a in expr.args)
+        return joined
+    op = _REL.get(name)
     if op is None:
-        return str(expr)
+        raise DoolyError(f"guard {expr} is not a comparison")
     diff = sympy.expand(expr.lhs - expr.rhs)
     const = diff.as_coeff_Add()[0]
     var = diff - const
     if var == 0:
-        return str(expr)
+        raise DoolyError(f"guard {expr} is a constant")
     lead = var.as_ordered_terms()[0].as_coeff_Mul()[0]
     if lead < 0:  # write "kv_len >= 50", not "-kv_len <= -50"
         var, const, op = -var, -const, _FLIP[op]
-    try:
-        return f"{render(var)} {op} {render(-const)}"
-    except DoolyError:
-        return str(expr)
+    return f"{render(var)} {op} {render(-const)}"
+
+
+class SpecialisedError(DoolyError):
+    """The engine's code fixed a request size to a constant (see :meth:`RequestSymbols.check_specialised`)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -165,6 +175,10 @@ class RequestSymbols:
         self.hints: dict[str, int] = {}
         self.symints: dict[str, torch.SymInt] = {}
         self._rendered: dict[sympy.Basic, Dim] = {}  # tracing renders the same few expressions over and over
+        self.int_site: str | None = None  # see int_sites
+        # A branch taken at one request size only (``kv_len + 1 == window``) is traced with that size as a
+        # constant: exact there, and its guards say so (see guards)
+        self.allow_constants = False
 
     def new(self, name: str, hint: int) -> torch.SymInt:
         """A fresh REQUEST symbol called ``name`` (one of REQUEST_SYMBOLS) whose dummy value is ``hint``."""
@@ -204,23 +218,62 @@ class RequestSymbols:
         const = any(a.is_Number and a not in (0, 1, -1) for a in sympy.preorder_traversal(expr))
         return Label.MIXED if const else Label.REQUEST
 
-    def check_specialised(self) -> None:
-        """Raise if the engine's code turned a request symbol into a constant (the trace would mislabel it)."""
+    def check_specialised(self, where: str = "") -> None:
+        """Raise if the engine's code turned a request symbol into a constant (the trace would mislabel it).
+
+        ``where`` says what ran when it was noticed (an op and its module); the Python line that asked for the
+        symbol as an int (``range(seq_len)``, ``int(n)``), when there was one, is named too."""
+        if self.allow_constants:
+            return
         for sym, named in self._by_symbol.items():
             value = self.shape_env.replace(sym)
             if value.is_Integer:
-                raise DoolyError(
-                    f"the engine's code specialised request size {named} to the constant {int(value)} "
-                    "(it converted it to a Python int or branched on its value); its shapes cannot be labelled"
+                how = (
+                    f"used it as a Python int at {self.int_site}"
+                    if self.int_site
+                    else ("converted it to a Python int or branched on its value")
+                )
+                at = f" in {where}" if where else ""
+                raise SpecialisedError(
+                    f"the engine's code specialised request size {named} to the constant {int(value)}{at} "
+                    f"({how}); its shapes cannot be labelled"
                 )
 
-    def guards(self) -> list[str]:
-        """Conditions on request symbols that the engine's control flow relied on (deduplicated, in order)."""
-        out: list[str] = []
+    @contextmanager
+    def int_sites(self) -> Iterator[None]:
+        """Note where Python code first asks for a request size as an int (``range(tokens)`` loops over it, an
+        ``int()`` fixes it): the line a refusal names. Nothing else changes."""
+        originals = torch.SymInt.__index__, torch.SymInt.__int__
+        syms = self
+
+        def noting(original: Callable[[torch.SymInt], int]) -> Callable[[torch.SymInt], int]:
+            def conv(x: torch.SymInt) -> int:
+                if syms.int_site is None and not x.node.expr.is_number:
+                    frame = traceback.extract_stack(limit=2)[0]
+                    line = (frame.line or "").strip()
+                    syms.int_site = f"{Path(frame.filename).name}:{frame.lineno} `{line[:80]}`"
+                return original(x)
+
+            return conv
+
+        torch.SymInt.__index__, torch.SymInt.__int__ = noting(originals[0]), noting(originals[1])  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            torch.SymInt.__index__, torch.SymInt.__int__ = originals  # type: ignore[method-assign]
+
+    def guards(self) -> list[sympy.Basic]:
+        """Conditions on request symbols that the engine's control flow relied on (over the named symbols,
+        deduplicated, in order)."""
+        out: list[sympy.Basic] = []
+        for sym, named in self._by_symbol.items():
+            value = self.shape_env.replace(sym)
+            if value.is_Integer:
+                out.append(sympy.Eq(named, value))
         for g in self.shape_env.guards:
-            text = render_guard(self.named(g.expr))
-            if text not in out and text != "True":
-                out.append(text)
+            expr = self.named(g.expr)
+            if expr not in out and expr is not sympy.true:
+                out.append(expr)
         return out
 
 
@@ -245,6 +298,30 @@ def _hint(x: Any) -> Any:
     if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
         return x.node.hint
     return x
+
+
+def _polar(abs: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    shape = torch.broadcast_shapes(abs.shape, angle.shape)
+    return torch.empty(shape, dtype=torch.complex128 if abs.dtype == torch.float64 else torch.complex64,
+                       device=abs.device)  # fmt: skip
+
+
+def _decomposed(op: Any) -> Callable[..., torch.Tensor]:
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[op]
+
+
+# Ops whose fake kernels need concrete sizes (torch's polar meta fixes them; the C++ kernels of constant_pad_nd
+# and baddbmm take only ints): their outputs are computed with these instead, the op itself still recorded once as
+# a real run calls it (the sub-ops here run below the recorder and are not recorded). Another op that fails the
+# same way falls back to torch's decomposition of it (see OpRecorder.__torch_dispatch__).
+_SYMBOLIC_IMPLS: dict[Any, Callable[..., torch.Tensor]] = {
+    torch.ops.aten.polar.default: _polar,
+    torch.ops.aten.constant_pad_nd.default: _decomposed(torch.ops.aten.constant_pad_nd.default),
+    torch.ops.aten.baddbmm.default: _decomposed(torch.ops.aten.baddbmm.default),
+}
+_CONCRETE_ONLY = "expected to contain only concrete integers"
 
 
 class OpRecorder(TorchDispatchMode):
@@ -274,6 +351,7 @@ class OpRecorder(TorchDispatchMode):
         self._spec_cache: dict[Any, TensorSpec] = {}
         # id(fake tensor) -> (the fake tensor, kept alive so its id is never reused; its real value)
         self._values: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._replacements = len(syms.shape_env.replacements)
 
     def _spec(self, t: torch.Tensor) -> TensorSpec:
         raw_shape = tuple(_raw(x) for x in t.shape)
@@ -392,7 +470,19 @@ class OpRecorder(TorchDispatchMode):
             if self.recording:
                 self.data_reads.append(f"{self.module_of() or '-'}: {v!r}")
             return v
-        out = func(*args, **kwargs)
+        impl = _SYMBOLIC_IMPLS.get(func)
+        try:
+            out = impl(*args, **kwargs) if impl is not None else func(*args, **kwargs)
+        except RuntimeError as exc:
+            from torch._decomp import decomposition_table
+
+            if _CONCRETE_ONLY not in str(exc) or func not in decomposition_table:
+                raise
+            out = decomposition_table[func](*args, **kwargs)
+        if len(self.syms.shape_env.replacements) != self._replacements:
+            # noticed at once (not after the pass: an SSM's loop would run on for every position) and where
+            self._replacements = len(self.syms.shape_env.replacements)
+            self.syms.check_specialised(f"{func} ({self.module_of() or 'the model'})")
         self._track_values(func, args, kwargs, out)
         # remember a factory op's output: torch detaches it once more when its sizes are symbolic
         has_tensor_input = any(isinstance(x, torch.Tensor) for x in tree_flatten((args, kwargs))[0])
@@ -413,4 +503,4 @@ class OpRecorder(TorchDispatchMode):
         return False
 
 
-__all__ = ["Label", "OpRecorder", "RequestSymbols", "render", "render_guard"]
+__all__ = ["Label", "OpRecorder", "RequestSymbols", "SpecialisedError", "render", "render_guard"]

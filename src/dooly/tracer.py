@@ -23,17 +23,19 @@ There is no per-architecture code here, in :mod:`dooly.taint` or in :mod:`dooly.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import sympy
 import torch
 
 from dooly.engines import Engine, RequestShape, get_engine
 from dooly.errors import DoolyError
-from dooly.signature import PHASES, ModelTrace, OpRecord, canonical_json, layer_of
-from dooly.taint import OpRecorder, RequestSymbols
+from dooly.signature import PHASES, ModelTrace, OpRecord, layer_of
+from dooly.taint import OpRecorder, RequestSymbols, SpecialisedError, render_guard
 
 #: Dummy request values. Any values >= 2 give the same signatures (they only steer guards); they are distinct
 #: so a reader of a raw trace can tell them apart, and kv_len is a realistic mid-generation length.
@@ -47,7 +49,9 @@ DEFAULT_HINTS: dict[str, dict[str, int]] = {
 def config_hash(config: Mapping[str, Any]) -> str:
     """Stable digest of a config dict (what the model is, not where it came from)."""
     body = {k: v for k, v in config.items() if not k.startswith("_")}
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()[:16]
+    # canonical_json's spelling, but a config may hold an infinite float (an SSM's time-step limit)
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @contextmanager
@@ -74,6 +78,11 @@ def _module_tracking(model: torch.nn.Module) -> Iterator[list[str]]:
         h2.remove()
 
 
+#: At most this many branches (the trace and its sides) per phase: code with more paths over request sizes is
+#: refused rather than traced in part.
+MAX_BRANCHES = 8
+
+
 def trace_model(
     config: Mapping[str, Any],
     phase: str = "prefill",
@@ -82,15 +91,40 @@ def trace_model(
     engine: Engine | None = None,
     hints: Mapping[str, int] | None = None,
 ) -> ModelTrace:
-    """Trace one phase of the model described by ``config`` (a config.json dict with ``model_type``)."""
+    """Trace one phase of the model described by ``config`` (a config.json dict with ``model_type``).
+
+    Where the engine's code branches on a request size (a guard that does not hold for every size, e.g. a
+    sliding window shorter than the context), the other side of each branch is traced too, at request sizes
+    where the guards fail: the result's ``sides`` (see :func:`_explore`), each exact where its guards hold.
+    """
     if phase not in PHASES:
         raise DoolyError(f"unknown phase {phase!r} (expected one of {', '.join(PHASES)})")
     engine = engine or get_engine()
     values = dict(DEFAULT_HINTS[phase])
     values.update(hints or {})
     t0 = time.perf_counter()
+    first = _trace_once(config, phase, values, name, engine)
+    branches = _explore(config, phase, values, name, engine, first)
+    main = branches[0]
+    main.sides = branches[1:]
+    main.meta["seconds"] = round(time.perf_counter() - t0, 3)
+    return main
 
+
+def _trace_once(
+    config: Mapping[str, Any],
+    phase: str,
+    values: Mapping[str, int],
+    name: str | None,
+    engine: Engine,
+    allow_constants: bool = False,
+) -> tuple[ModelTrace, list[sympy.Basic]]:
+    """One traced pass at the dummy request ``values``, and the guards (sympy, over the named request symbols)
+    its control flow relied on. The trace's ``guards`` are filled in by :func:`_explore`. ``allow_constants``:
+    a request size the code fixes stays fixed (the guards then pin it to that value)."""
+    t0 = time.perf_counter()
     syms = RequestSymbols()
+    syms.allow_constants = allow_constants
     with syms.fake_mode:
         model = engine.build_model(config)
     requests = syms.new("requests", values["requests"])
@@ -103,7 +137,7 @@ def trace_model(
     t_build = time.perf_counter() - t0
 
     try:
-        with syms.fake_mode, engine.tracing_context(), _module_tracking(model) as stack:
+        with syms.fake_mode, syms.int_sites(), engine.tracing_context(), _module_tracking(model) as stack:
             recorder = OpRecorder(syms, engine.engine_id, lambda: stack[-1] if stack else "")
             with recorder:
                 inputs = engine.prepare(model, shape)  # tracked for values (the cache prefill), not recorded
@@ -125,16 +159,131 @@ def trace_model(
     meta.update({"seconds": round(time.perf_counter() - t0, 3), "build_seconds": round(t_build, 3)})
     meta["parameters"] = int(sum(p.numel() for p in model.parameters()))
     meta["data_reads"] = recorder.data_reads[:50]
-    return ModelTrace(
+    trace = ModelTrace(
         model=name or str(config.get("_name_or_path") or config.get("model_type")),
         config_hash=config_hash(config),
         phase=phase,
         engine=engine.engine_id,
         records=records,
         hints=dict(syms.hints),
-        guards=syms.guards(),
         meta=meta,
     )
+    return trace, syms.guards()
+
+
+# -- branches over request sizes ------------------------------------------------------------------------------
+
+_REQUESTS_LIMIT = 1024  # largest batch the exploration tries
+_POSITIONS_LIMIT = 1 << 17  # largest context it tries when the config sets no limit
+
+
+def _candidates(values: Mapping[str, int], positions: int | None) -> list[dict[str, int]]:
+    """Request sizes the exploration checks guards at: the dummy request with one size changed at a time to small
+    sizes, powers of two and their neighbours (the usual thresholds), within the model's positions."""
+    limit = min(positions or _POSITIONS_LIMIT, _POSITIONS_LIMIT)
+    out = [dict(values)]
+    for s in sorted(values):
+        top = _REQUESTS_LIMIT if s == "requests" else limit
+        sizes = set(range(2, 9)) | {2**k + d for k in range(3, top.bit_length()) for d in (-1, 0, 1)}
+        for v in sorted(x for x in sizes if 2 <= x <= top):
+            pt = {**values, s: v}
+            if pt.get("tokens", 1) + pt.get("kv_len", 0) <= limit:
+                out.append(pt)
+    return out
+
+
+class _Guards:
+    """Guards evaluated at concrete request sizes (memoised on the symbols each one uses)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple, bool] = {}
+
+    def holds(self, g: sympy.Basic, pt: Mapping[str, int]) -> bool:
+        free = sorted(g.free_symbols, key=str)
+        key = (g, tuple(pt.get(str(x), 0) for x in free))
+        hit = self._memo.get(key)
+        if hit is None:
+            try:
+                hit = bool(g.xreplace({x: sympy.Integer(pt.get(str(x), 0)) for x in free}))
+            except (TypeError, ZeroDivisionError):
+                # not decidable at these sizes (or the code's own arithmetic divides by zero there, so no run
+                # has them): not a branch dooly can split on
+                hit = True
+            self._memo[key] = hit
+        return hit
+
+    def region(self, guards: list[sympy.Basic], pt: Mapping[str, int]) -> bool:
+        return all(self.holds(g, pt) for g in guards)
+
+    def boundary(self, g: sympy.Basic, good: Mapping[str, int], bad: Mapping[str, int]) -> list[dict[str, int]]:
+        """Where ``g`` flips on the way from ``good`` (holds) to ``bad`` (fails), when they differ in one size:
+        the last size where it holds and the first where it fails (thresholds need not be powers of two)."""
+        diff = [s for s in good if good[s] != bad.get(s)]
+        if len(diff) != 1:
+            return []
+        (s,) = diff
+        lo, hi = good[s], bad[s]  # holds at lo, fails at hi
+        while abs(hi - lo) > 1:
+            mid = (lo + hi) // 2
+            if self.holds(g, {**good, s: mid}):
+                lo = mid
+            else:
+                hi = mid
+        return [{**good, s: lo}, {**good, s: hi}]
+
+
+def _explore(
+    config: Mapping[str, Any],
+    phase: str,
+    values: Mapping[str, int],
+    name: str | None,
+    engine: Engine,
+    first: tuple[ModelTrace, list[sympy.Basic]],
+) -> list[ModelTrace]:
+    """The trace at ``values`` and one more per region of request sizes its guards leave out, until every candidate
+    size (:func:`_candidates`, refined to each guard's threshold) lies where some branch's guards all hold.
+    Each branch keeps, as its ``guards``, those that fail somewhere among the candidates (the others hold for
+    every size tried: they say nothing about where the branch applies)."""
+    from dooly.zoo import max_positions
+
+    ev = _Guards()
+    cands = _candidates(values, max_positions(config))
+    branches = [first]
+    while True:
+        for tr, guards in branches:
+            for g in guards:
+                for pt in [p for p in cands if not ev.holds(g, p)]:
+                    cands.extend(p for p in ev.boundary(g, tr.hints, pt) if p not in cands)
+        uncovered = [p for p in cands if not any(ev.region(gs, p) for _, gs in branches)]
+        if not uncovered:
+            break
+        if len(branches) >= MAX_BRANCHES:
+            raise DoolyError(
+                f"the engine's code takes more than {MAX_BRANCHES} paths over request sizes in {phase} "
+                f"(no traced branch covers {uncovered[0]}); it is not traced in part"
+            )
+        try:
+            branches.append(_trace_once(config, phase, uncovered[0], name, engine))
+        except SpecialisedError:
+            # a path taken at this one size (a threshold met exactly): traced there with the size as a constant
+            branches.append(_trace_once(config, phase, uncovered[0], name, engine, allow_constants=True))
+    out = []
+    for tr, guards in branches:
+        # guards that flip at the same candidate sizes say the same thing: the shortest one is kept
+        by_truth: dict[tuple[bool, ...], str] = {}
+        try:
+            for g in guards:
+                truth = tuple(ev.holds(g, p) for p in cands)
+                if all(truth):
+                    continue
+                text = render_guard(g)
+                if truth not in by_truth or len(text) < len(by_truth[truth]):
+                    by_truth[truth] = text
+            tr.guards = list(by_truth.values())
+        except DoolyError as exc:
+            raise DoolyError(f"the engine's code branches on a request size dooly cannot write ({exc})") from None
+        out.append(tr)
+    return out
 
 
 def overlap_matrix(traces: list[ModelTrace]) -> list[list[float]]:
@@ -143,4 +292,4 @@ def overlap_matrix(traces: list[ModelTrace]) -> list[list[float]]:
     return [[len(a & b) / len(a) if a else 0.0 for b in sets] for a in sets]
 
 
-__all__ = ["DEFAULT_HINTS", "config_hash", "overlap_matrix", "trace_model"]
+__all__ = ["DEFAULT_HINTS", "MAX_BRANCHES", "config_hash", "overlap_matrix", "trace_model"]

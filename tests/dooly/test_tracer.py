@@ -212,3 +212,30 @@ def test_bad_phase_and_bad_config_are_clear_errors() -> None:
         trace_model({"hidden_size": 8}, "prefill")
     with pytest.raises(DoolyError, match="nonexistent_arch"):
         trace_model({"model_type": "nonexistent_arch"}, "prefill")
+
+
+# A latent-attention (MLA) model: its rotary embedding runs torch.polar, whose fake kernel fixes the sizes
+# unless the recorder computes it symbolically; and a hybrid SSM (mamba2-style mixers + attention) whose chunked
+# scan pads the sequence to a multiple of the chunk size (constant_pad_nd with a symbolic pad).
+MLA = {**_BASE, "model_type": "deepseek_v2", "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None,
+       "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 4,
+       "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_shared_experts": 1}
+HYBRID_SSM = {**_BASE, "model_type": "bamba", "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1,
+              "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16,
+              "attn_layer_indices": [1]}  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "phase"), [("mla", "decode"), ("ssm", "prefill"), ("ssm", "decode")])
+def test_latent_attention_and_hybrid_ssm_match_a_real_eager_run(arch: str, phase: str) -> None:
+    cfg = {"mla": MLA, "ssm": HYBRID_SSM}[arch]
+    trace = trace_model(cfg, phase)
+    engine = get_engine()
+    torch.manual_seed(0)
+    model = engine.build_model(cfg)
+    traced, real = traced_and_real_ops(engine, model, trace)
+    assert traced == [op for op in real if op[0] != "aten.alias.default"]
+    if arch == "ssm":
+        # the SSM state is a model constant, the sequence a request size: the padded chunk count is an expression
+        pads = [r.signature for r in trace.records if r.signature.op == "aten.constant_pad_nd.default"]
+        assert (phase == "prefill") == bool(pads)
+        assert all(any("tokens" in str(d) for d in p.inputs[0].shape) for p in pads)

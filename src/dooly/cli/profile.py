@@ -270,8 +270,9 @@ def validate_cmd(
         err.print(f"no {label} figure: {exc}", highlight=False, soft_wrap=True)
     pred = next(iter(predictors.values()))
     for label, p in predictors.items():
-        n_shape = {ph: len(f) for ph, f in p.shape_predicted.items()}
-        total = {ph: len(tr.unique()) for ph, tr in p.traces.items()}
+        n_shape = {ph: len({f.key for k, fs in p.shape_predicted.items() if k.split("/")[0] == ph for f in fs})
+                   for ph in p.traces}  # fmt: skip
+        total = {ph: len(tr.all_unique()) for ph, tr in p.traces.items()}
         shaped = ", ".join(f"{ph} {n_shape.get(ph, 0)} of {total[ph]}" for ph in total)
         err.print(f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
                   f"signatures predicted from shape alone: {shaped}")  # fmt: skip

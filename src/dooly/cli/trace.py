@@ -51,19 +51,20 @@ def trace_cmd(
                 bar.advance(task)
 
     table = Table(title=f"dooly trace ({engine.engine_id}, {dtype})")
-    for col in ("model", "phase", "ops", "kernels", "unique", "shared", "seconds"):
+    for col in ("model", "phase", "branches", "ops", "kernels", "unique", "shared", "seconds"):
         table.add_column(col, justify="left" if col in ("model", "phase") else "right")
     for t in traces:
-        mine = set(t.unique())
+        mine = set(t.all_unique())
         others = set()
         for o in traces:
             if o.model != t.model:
-                others |= set(o.unique())
+                others |= set(o.all_unique())
         shared = len(mine & others)
         pct = f"{shared} ({100 * shared / len(mine):.0f}%)" if mine else "0"
         table.add_row(
             t.model,
             t.phase,
+            str(len(t.branches())),
             str(len(t.records)),
             str(len(t.kernels())),
             str(len(mine)),
@@ -71,11 +72,14 @@ def trace_cmd(
             f"{t.meta['seconds']:.1f}",
         )
     out.print(table)
-    out.print("ops: aten calls in the pass; kernels: calls that are not views; unique: distinct signatures;")
+    out.print("branches: passes the code takes over request sizes (each traced); ops, kernels: aten calls and the")
+    out.print("calls that are not views, of the first branch; unique: distinct signatures of all branches;")
     out.print("shared: unique signatures that another model given here also has")
     for t in traces:
-        if t.guards:
-            out.print(f"{t.model} {t.phase} valid while: {'; '.join(t.guards)}", highlight=False)
+        for i, b in enumerate(t.branches()):
+            if b.guards:
+                what = f"{t.model} {t.phase}" + (f" branch {i + 1} ({len(b.records)} ops)" if t.sides else "")
+                out.print(f"{what} valid while: {' and '.join(b.guards)}", highlight=False)
     if show_ops:
         for t in traces:
             ops = Table(title=f"{t.model} {t.phase}: unique signatures (x multiplicity)")

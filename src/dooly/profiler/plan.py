@@ -144,7 +144,7 @@ class Plan:
 
 def _first_layers(trace: ModelTrace) -> dict[Signature, int | None]:
     out: dict[Signature, int | None] = {}
-    for r in trace.records:
+    for r in (r for b in trace.branches() for r in b.records):
         if r.signature not in out or (out[r.signature] is None and r.layer is not None):
             out.setdefault(r.signature, r.layer)
     return out
@@ -182,7 +182,8 @@ def make_plan(
         mp = ModelPlan(name, cfg, traces, {}, grid.within(positions), positions)
         for phase, tr in traces.items():
             firsts = _first_layers(tr)
-            mp.needs[phase] = {s.key: SignatureNeed(s, mult, firsts.get(s)) for s, mult in tr.unique().items()}
+            # every branch's signatures (a phase whose code branches on a request size runs each somewhere)
+            mp.needs[phase] = {s.key: SignatureNeed(s, mult, firsts.get(s)) for s, mult in tr.all_unique().items()}
             for key, need in mp.needs[phase].items():
                 if owner.get(key) is mp:
                     continue  # met in an earlier phase of this model, which plans it
