@@ -11,9 +11,9 @@ profiled model and for a model that was never profiled (all its signatures come 
 
 ``--realistic`` prices the models users profile together (dooly.zoo.REALISTIC_GROUPS) and the whole zoo:
 signature and grid-point counts (from tracing alone, no timing: exact) and device-seconds, measured for the
-signatures this DB holds and estimated at the DB's mean cost per point for the rest (the share estimated is
-printed; a large model's point costs more than the small models' mean, so its estimate is low), with exact
-reuse and with the shape model predicting all but ``--budget`` signatures per model.
+signatures this DB holds and, for the rest, what profiling their points would cost at the shape model's
+predicted latency (dooly.profiler.savings.estimate_costs; the share estimated is printed), with exact reuse
+and with the shape model predicting all but ``--budget`` signatures per model.
 ``--shapes`` validates, on the same held-out real forwards: each profiled model with its full profile, with
 zero new points (held out of every fit), and with its budget replayed (only the ``--budget`` least certain of
 its own signatures measured); and configs outside the zoo (OUTSIDE) that were never profiled, with zero new
