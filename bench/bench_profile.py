@@ -68,8 +68,9 @@ def point_counts(plan) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-
             sum(plan.grid_size[k] for k in union))  # fmt: skip
 
 
-def realistic(store, engine, threads: int, budget: int) -> None:  # type: ignore[no-untyped-def]
-    """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo."""
+def realistic(store, engine, threads: int, budgets: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo, with
+    exact reuse and with the shape model at each of ``budgets`` (signatures measured per model)."""
     from dooly.profiler.budget import triage
     from dooly.zoo import REALISTIC_GROUPS, list_models, realistic_list
 
@@ -81,18 +82,18 @@ def realistic(store, engine, threads: int, budget: int) -> None:  # type: ignore
         alone_n, with_n, alone_p, with_p = point_counts(plan)
         sv = savings(plan, store)
         tr = triage(plan, store)
-        measure = set(tr.uncovered) | set(tr.least_certain(budget * len(plan.models)))
-        predicted = set(tr.covered) - measure
-        sv_shape = savings(plan, store, predicted)
-        shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
         print(f"{label} ({', '.join(models)}):")
         print(f"  counts (tracing only, no timing): signatures {alone_n} each alone vs {with_n} with reuse "
               f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
-              f"({100 * (1 - with_p / alone_p):.1f}% saved); + shape model, --budget {budget}/model: "
-              f"{shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% saved)")  # fmt: skip
+              f"({100 * (1 - with_p / alone_p):.1f}% saved)")  # fmt: skip
         print(f"  device-s, exact reuse: {sv.describe()}")
-        print(f"  device-s, + shape model, --budget {budget}/model: {sv_shape.describe()}; {len(tr.uncovered)} "
-              f"signatures of kinds never profiled here measured")  # fmt: skip
+        for budget in budgets:
+            measure = set(tr.uncovered) | set(tr.least_certain(budget * len(plan.models)))
+            predicted = set(tr.covered) - measure
+            shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
+            print(f"  + shape model, --budget {budget}/model: {shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% "
+                  f"saved); device-s {savings(plan, store, predicted).describe()}; {len(tr.uncovered)} signatures "
+                  f"of kinds never profiled here measured")  # fmt: skip
 
 
 def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -102,7 +103,7 @@ def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return {ph: phase_mape(scored, ph) for ph in ("prefill", "decode")}
 
 
-def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budget: int,  # type: ignore[no-untyped-def]
+def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budgets: list[int],  # type: ignore[no-untyped-def]
            profile_outside: bool = False) -> None:
     """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
     from dooly.errors import DoolyError
@@ -139,9 +140,10 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
                 own = own_signatures(store, ctx, name, model_traces(name, cfg, engine, store))
                 plan = make_plan([m or cfg], store, engine, threads=threads)
                 tr = triage(plan, store, hidden=own)
+            for budget in budgets:
                 unmeasured = set(tr.covered) - set(tr.least_certain(budget))
-            preds[f"budget {budget}"] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
-                                                             unmeasured=unmeasured)  # fmt: skip
+                preds[f"budget {budget}"] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
+                                                                 unmeasured=unmeasured)  # fmt: skip
         if not preds:  # kinds never profiled here: measure only those (--budget 0), predict the rest from shape
             with ProfileStore(store_path) as store:
                 plan = make_plan([m or cfg], store, engine, threads=threads)
@@ -179,7 +181,8 @@ def main() -> None:
     ap.add_argument("--no-reused", action="store_true", help="skip the never-profiled model's validation")
     ap.add_argument("--realistic", action="store_true", help="savings over the realistic groups and the zoo")
     ap.add_argument("--shapes", action="store_true", help="exact vs zero-new-points vs budget MAPE, OUTSIDE configs")
-    ap.add_argument("--budget", type=int, default=10, help="signatures measured per model beyond uncovered kinds")
+    ap.add_argument("--budget", type=int, nargs="+", default=[10],
+                    help="signatures measured per model beyond uncovered kinds (several: one figure each)")
     ap.add_argument("--no-profile", action="store_true", help="do not profile --models first (use the DB as it is)")
     ap.add_argument("--profile-outside", action="store_true", help="with --shapes: profile the OUTSIDE configs too")
     args = ap.parse_args()
