@@ -104,7 +104,7 @@ def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
 
 
 def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budgets: list[int],  # type: ignore[no-untyped-def]
-           profile_outside: bool = False) -> None:
+           profile_outside: bool = False, outside: list[str] | None = None) -> None:
     """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
     from dooly.errors import DoolyError
     from dooly.predictor import own_signatures
@@ -119,12 +119,13 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
     loso = [km.loso_mape for km in sm.kinds.values() if km.n_signatures > 1]
     print(f"SHAPE MODEL on {len(pts)} profiled signatures: {len(sm.kinds)} kinds; leave-one-signature-out error "
           f"per kind median {np.median(loso):.1f}% (max {np.max(loso):.1f}%)")  # fmt: skip
-    targets = [(m, resolve_model(m)[1]) for m in models] + [(None, cfg) for cfg in OUTSIDE.values()]
+    configs = [cfg for stem, cfg in OUTSIDE.items() if outside is None or stem in outside]
+    targets = [(m, resolve_model(m)[1]) for m in models] + [(None, cfg) for cfg in configs]
     if profile_outside:  # profiled like any model, so their exact figure stands beside the zero-new-points one
         with ProfileStore(store_path) as store:
-            plan = make_plan(list(OUTSIDE.values()), store, engine, threads=threads)
+            plan = make_plan(configs, store, engine, threads=threads)
             print(f"profiling OUTSIDE: {plan.todo_points} points; {run_plan(plan, store, engine, threads=threads)}")
-            for cfg in OUTSIDE.values():
+            for cfg in configs:
                 calibrate(cfg["_name_or_path"], cfg, store, engine, plan.ctx, threads=threads)
     for m, cfg in targets:
         name = m or cfg["_name_or_path"]
@@ -185,6 +186,8 @@ def main() -> None:
                     help="signatures measured per model beyond uncovered kinds (several: one figure each)")
     ap.add_argument("--no-profile", action="store_true", help="do not profile --models first (use the DB as it is)")
     ap.add_argument("--profile-outside", action="store_true", help="with --shapes: profile the OUTSIDE configs too")
+    ap.add_argument("--outside", nargs="*", default=None, choices=sorted(OUTSIDE),
+                    help="with --shapes: only these configs of bench/configs (none: only the zoo models)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = get_engine()
@@ -195,8 +198,8 @@ def main() -> None:
             if args.realistic:
                 realistic(store, engine, args.threads, args.budget)
         if args.shapes:
-            shapes(args.db, engine, args.threads, args.repeats, args.validate or args.models, args.budget,
-                   args.profile_outside)
+            shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
+                   args.budget, args.profile_outside, args.outside)
         return
 
     with ProfileStore(args.db) as store:
@@ -252,8 +255,8 @@ def main() -> None:
         with ProfileStore(args.db) as store:
             realistic(store, engine, args.threads, args.budget)
     if args.shapes:
-        shapes(args.db, engine, args.threads, args.repeats, args.validate or args.models, args.budget,
-                   args.profile_outside)
+        shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
+               args.budget, args.profile_outside, args.outside)
 
     if args.zoo:
         from dooly.zoo import list_models
