@@ -11,9 +11,9 @@ profiled model and for a model that was never profiled (all its signatures come 
 
 ``--realistic`` prices the models users profile together (dooly.zoo.REALISTIC_GROUPS) and the whole zoo:
 signature and grid-point counts (from tracing alone, no timing: exact) and device-seconds, measured for the
-signatures this DB holds and estimated at the DB's mean cost per point for the rest (the share estimated is
-printed; a large model's point costs more than the small models' mean, so its estimate is low), with exact
-reuse and with the shape model predicting all but ``--budget`` signatures per model.
+signatures this DB holds and, for the rest, what profiling their points would cost at the shape model's
+predicted latency (dooly.profiler.savings.estimate_costs; the share estimated is printed), with exact reuse
+and with the shape model predicting all but ``--budget`` signatures per model.
 ``--shapes`` validates, on the same held-out real forwards: each profiled model with its full profile, with
 zero new points (held out of every fit), and with its budget replayed (only the ``--budget`` least certain of
 its own signatures measured); and configs outside the zoo (OUTSIDE) that were never profiled, with zero new
@@ -68,8 +68,9 @@ def point_counts(plan) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-
             sum(plan.grid_size[k] for k in union))  # fmt: skip
 
 
-def realistic(store, engine, threads: int, budget: int) -> None:  # type: ignore[no-untyped-def]
-    """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo."""
+def realistic(store, engine, threads: int, budgets: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo, with
+    exact reuse and with the shape model at each of ``budgets`` (signatures measured per model)."""
     from dooly.profiler.budget import triage
     from dooly.zoo import REALISTIC_GROUPS, list_models, realistic_list
 
@@ -81,18 +82,18 @@ def realistic(store, engine, threads: int, budget: int) -> None:  # type: ignore
         alone_n, with_n, alone_p, with_p = point_counts(plan)
         sv = savings(plan, store)
         tr = triage(plan, store)
-        measure = set(tr.uncovered) | set(tr.least_certain(budget * len(plan.models)))
-        predicted = set(tr.covered) - measure
-        sv_shape = savings(plan, store, predicted)
-        shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
         print(f"{label} ({', '.join(models)}):")
         print(f"  counts (tracing only, no timing): signatures {alone_n} each alone vs {with_n} with reuse "
               f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
-              f"({100 * (1 - with_p / alone_p):.1f}% saved); + shape model, --budget {budget}/model: "
-              f"{shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% saved)")  # fmt: skip
+              f"({100 * (1 - with_p / alone_p):.1f}% saved)")  # fmt: skip
         print(f"  device-s, exact reuse: {sv.describe()}")
-        print(f"  device-s, + shape model, --budget {budget}/model: {sv_shape.describe()}; {len(tr.uncovered)} "
-              f"signatures of kinds never profiled here measured")  # fmt: skip
+        for budget in budgets:
+            measure = set(tr.uncovered) | set(tr.least_certain(budget * len(plan.models)))
+            predicted = set(tr.covered) - measure
+            shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
+            print(f"  + shape model, --budget {budget}/model: {shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% "
+                  f"saved); device-s {savings(plan, store, predicted).describe()}; {len(tr.uncovered)} signatures "
+                  f"of kinds never profiled here measured")  # fmt: skip
 
 
 def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -102,8 +103,8 @@ def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return {ph: phase_mape(scored, ph) for ph in ("prefill", "decode")}
 
 
-def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budget: int,  # type: ignore[no-untyped-def]
-           profile_outside: bool = False) -> None:
+def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budgets: list[int],  # type: ignore[no-untyped-def]
+           profile_outside: bool = False, outside: list[str] | None = None) -> None:
     """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
     from dooly.errors import DoolyError
     from dooly.predictor import own_signatures
@@ -118,12 +119,13 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
     loso = [km.loso_mape for km in sm.kinds.values() if km.n_signatures > 1]
     print(f"SHAPE MODEL on {len(pts)} profiled signatures: {len(sm.kinds)} kinds; leave-one-signature-out error "
           f"per kind median {np.median(loso):.1f}% (max {np.max(loso):.1f}%)")  # fmt: skip
-    targets = [(m, resolve_model(m)[1]) for m in models] + [(None, cfg) for cfg in OUTSIDE.values()]
+    configs = [cfg for stem, cfg in OUTSIDE.items() if outside is None or stem in outside]
+    targets = [(m, resolve_model(m)[1]) for m in models] + [(None, cfg) for cfg in configs]
     if profile_outside:  # profiled like any model, so their exact figure stands beside the zero-new-points one
         with ProfileStore(store_path) as store:
-            plan = make_plan(list(OUTSIDE.values()), store, engine, threads=threads)
+            plan = make_plan(configs, store, engine, threads=threads)
             print(f"profiling OUTSIDE: {plan.todo_points} points; {run_plan(plan, store, engine, threads=threads)}")
-            for cfg in OUTSIDE.values():
+            for cfg in configs:
                 calibrate(cfg["_name_or_path"], cfg, store, engine, plan.ctx, threads=threads)
     for m, cfg in targets:
         name = m or cfg["_name_or_path"]
@@ -139,9 +141,10 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
                 own = own_signatures(store, ctx, name, model_traces(name, cfg, engine, store))
                 plan = make_plan([m or cfg], store, engine, threads=threads)
                 tr = triage(plan, store, hidden=own)
+            for budget in budgets:
                 unmeasured = set(tr.covered) - set(tr.least_certain(budget))
-            preds[f"budget {budget}"] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
-                                                             unmeasured=unmeasured)  # fmt: skip
+                preds[f"budget {budget}"] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
+                                                                 unmeasured=unmeasured)  # fmt: skip
         if not preds:  # kinds never profiled here: measure only those (--budget 0), predict the rest from shape
             with ProfileStore(store_path) as store:
                 plan = make_plan([m or cfg], store, engine, threads=threads)
@@ -179,9 +182,12 @@ def main() -> None:
     ap.add_argument("--no-reused", action="store_true", help="skip the never-profiled model's validation")
     ap.add_argument("--realistic", action="store_true", help="savings over the realistic groups and the zoo")
     ap.add_argument("--shapes", action="store_true", help="exact vs zero-new-points vs budget MAPE, OUTSIDE configs")
-    ap.add_argument("--budget", type=int, default=10, help="signatures measured per model beyond uncovered kinds")
+    ap.add_argument("--budget", type=int, nargs="+", default=[10],
+                    help="signatures measured per model beyond uncovered kinds (several: one figure each)")
     ap.add_argument("--no-profile", action="store_true", help="do not profile --models first (use the DB as it is)")
     ap.add_argument("--profile-outside", action="store_true", help="with --shapes: profile the OUTSIDE configs too")
+    ap.add_argument("--outside", nargs="*", default=None, choices=sorted(OUTSIDE),
+                    help="with --shapes: only these configs of bench/configs (none: only the zoo models)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = get_engine()
@@ -192,8 +198,8 @@ def main() -> None:
             if args.realistic:
                 realistic(store, engine, args.threads, args.budget)
         if args.shapes:
-            shapes(args.db, engine, args.threads, args.repeats, args.validate or args.models, args.budget,
-                   args.profile_outside)
+            shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
+                   args.budget, args.profile_outside, args.outside)
         return
 
     with ProfileStore(args.db) as store:
@@ -249,8 +255,8 @@ def main() -> None:
         with ProfileStore(args.db) as store:
             realistic(store, engine, args.threads, args.budget)
     if args.shapes:
-        shapes(args.db, engine, args.threads, args.repeats, args.validate or args.models, args.budget,
-                   args.profile_outside)
+        shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
+               args.budget, args.profile_outside, args.outside)
 
     if args.zoo:
         from dooly.zoo import list_models

@@ -7,7 +7,8 @@ signatures of that kind are pooled and one small model is fitted over shape-deri
 * ``flops``: ``2·M·N·K`` (times the batch) for a matmul or linear, ``4·B·H·L·S·D`` for attention, the element count
   for everything else;
 * ``bytes``: what the call reads and writes (inputs, plus the output as large as the largest input, or a
-  matmul's ``M·N``);
+  matmul's ``M·N``; attention reads the keys and values once per query head, ``B·H·(2·L + 2·S)·D``, however
+  few KV heads store them);
 * ``tasks``: attention's batch x heads (its kernels split the work per sequence and head, each with a fixed
   cost); zero for every other op;
 
@@ -92,8 +93,11 @@ def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float
         return 2.0 * rows * n * k, read + rows * n * item, 0.0
     if "scaled_dot_product" in sig.op and len(shapes) >= 3:
         q, k = shapes[0][0], shapes[1][0]
-        batch_heads, length, dim = math.prod(q[:-2]), q[-2], q[-1]
-        return 4.0 * batch_heads * length * k[-2] * dim, read + numels[0] * item, float(batch_heads)
+        batch_heads, length, dim, kv_len = math.prod(q[:-2]), q[-2], q[-1], k[-2]
+        # the kernels run per (sequence, query head), and each reads its KV head's keys and values in full: with
+        # grouped-query attention the KV heads set what is stored, the query heads what is read
+        moved = batch_heads * (2 * length + 2 * kv_len) * dim * item  # q and the output, then K and V per q head
+        return 4.0 * batch_heads * length * kv_len * dim, float(moved), float(batch_heads)
     # elementwise, reductions, copies, creation ops: the element count (a creation op's size is in its args)
     sym_ints: list[int] = []
 

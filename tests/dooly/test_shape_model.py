@@ -118,3 +118,18 @@ def test_excluded_signatures_stay_out_of_the_fit() -> None:
     assert ShapeModel.fit(sigs, points(train, roofline)).covers(mm(1, 1))
     left_one = {train[0].key, train[1].key}
     assert not ShapeModel.fit(sigs, points(train, roofline), exclude=left_one).covers(mm(1, 1))
+
+
+def test_attention_reads_keys_and_values_once_per_query_head() -> None:
+    sdpa = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+    def decode(heads: int, kv_heads: int) -> Signature:
+        q = TensorSpec(("requests", heads, 1, 64), "bfloat16")
+        kv = TensorSpec(("requests", kv_heads, "kv_len + 1", 64), "bfloat16")
+        return Signature(sdpa, (q, kv, kv), '{"args":[{"tensor":0},{"tensor":1},{"tensor":2}],"kwargs":{}}', "e")
+
+    at = {"requests": 3, "kv_len": 99}
+    flops, moved, tasks = work(decode(10, 5), at)
+    assert flops == 4 * 3 * 10 * 1 * 100 * 64 and tasks == 30
+    assert moved == 2 * 3 * 10 * (2 * 1 + 2 * 100) * 64  # bf16: q, out, and K, V per query head
+    assert work(decode(10, 10), at) == (flops, moved, tasks)  # fewer KV heads store less, read as much

@@ -3,17 +3,25 @@
 ``dooly plan`` and ``dooly profile`` price their plan's models; ``dooly report`` prices the models the DB
 records as profiled (each model once, in the order first profiled: calibration rounds and held-out
 measurements are not models). Both dedup repeated layers within a model (as Vidur) and price a signature
-by its measured cost, or, where nothing is measured yet, by its planned points at the DB's mean cost per
+by its measured cost, or, where nothing is measured yet, by what profiling its planned points would cost:
+the shape model's predicted latency at each point (:mod:`dooly.shape_model`) through :class:`PointCost`
+(the calls ``time_calls`` makes at that latency, plus a per-point overhead fitted on the DB). A large
+model's operators are slower, so its points cost more than the small models' mean; only a signature whose
+kind no shape model covers (or one the report cannot lay out on a grid) falls back to the DB's mean cost per
 point.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from dooly.profiler.plan import Plan
+from dooly.profiler.timing import TimerConfig
+from dooly.signature import Signature
 from dooly.store import ProfileContext, ProfileStore
 
 # the record of profiled models lives in the traces table, under this engine key, one row per context
@@ -44,9 +52,10 @@ class Savings:
     models: list[ModelCost]
     with_reuse_s: float
     without_reuse_s: float
-    measured_share: float  # share of the signature costs that are measured (the rest estimated from the grid)
+    measured_share: float  # share of the new signatures whose cost is measured (the rest estimated)
     in_db_s: float = 0.0  # of with_reuse_s: signatures already complete in the DB, which this run does not measure
     shape_predicted: int = 0  # signatures left to the shape model (``--budget``): not measured, priced at zero
+    mean_priced_share: float = 0.0  # of the new signatures: priced at the DB's mean cost per point (no shape model)
 
     @property
     def saved_pct(self) -> float:
@@ -56,7 +65,10 @@ class Savings:
         """The one-line figure every command prints (so the CLI and the report cannot disagree in digits)."""
         est = ""
         if self.measured_share < 0.999:
-            est = f" ({100 * (1 - self.measured_share):.0f}% of signatures estimated)"
+            est = f" ({100 * (1 - self.measured_share):.0f}% of signatures estimated"
+            if self.mean_priced_share > 0:
+                est += f", {100 * self.mean_priced_share:.0f}% of them at the mean cost per point"
+            est += ")"
         if self.shape_predicted:
             est += f" ({self.shape_predicted} signatures predicted from shape, not measured)"
         in_db = ""
@@ -76,23 +88,28 @@ def savings_of(
     ctx: ProfileContext,
     known: Collection[str] = (),
     predicted: Collection[str] = (),
+    estimated: Mapping[str, float] | None = None,
 ) -> Savings:
     """Profiling cost of ``models`` in this order with cross-model reuse vs each alone (``known``: signatures
     complete in the DB before the run: priced like the rest, so the figure does not depend on what an earlier
     run measured, and reported per model and as ``in_db_s``, what this run does not measure again;
     ``predicted``: signatures left to the shape model, which cost nothing with reuse but their full price
-    alone)."""
+    alone; ``estimated``: the predicted cost of signatures nothing is measured of, see :func:`estimate_costs`;
+    one missing there is priced at the DB's mean cost per point)."""
     predicted = set(predicted)
+    estimated = estimated or {}
     measured = store.signature_costs(ctx)
     n_pts = sum(len(store.done_points(ctx, k)) for k in measured)
     point_cost = sum(measured.values()) / n_pts if n_pts else 0.05
 
     def cost(key: str, points: int) -> float:
-        return measured[key] if key in measured else points * point_cost
+        if key in measured:
+            return measured[key]
+        return estimated[key] if key in estimated else points * point_cost
 
     seen: set[str] = set()
     rows = []
-    n_meas = n_all = 0
+    n_meas = n_mean = n_all = 0
     for m in models:
         keys = set(m.points)
         fresh = keys - seen
@@ -104,13 +121,76 @@ def savings_of(
             )
         )  # fmt: skip
         n_meas += sum(1 for k in fresh if k in measured)
+        n_mean += sum(1 for k in fresh if k not in measured and k not in estimated)
         n_all += len(fresh)
         seen |= keys
     with_reuse = sum(r.marginal_s for r in rows)
     without = sum(r.alone_s for r in rows)
     points = {k: n for m in models for k, n in m.points.items()}
     in_db = sum(cost(k, points[k]) for k in seen & set(known))
-    return Savings(rows, with_reuse, without, n_meas / n_all if n_all else 1.0, in_db, len(predicted & seen))
+    share = (n_meas / n_all, n_mean / n_all) if n_all else (1.0, 0.0)
+    return Savings(rows, with_reuse, without, share[0], in_db, len(predicted & seen), share[1])
+
+
+@dataclass(frozen=True)
+class PointCost:
+    """Device seconds to profile one point of an op whose call takes ``t`` seconds: ``c0 + c1·(n(t) + 1)·t``.
+
+    ``n(t)`` is the calls :func:`~dooly.profiler.timing.time_calls` makes (warm-up, then repeats of an inner
+    loop of at least ``min_sample_s``, the repeats cut once the point has cost ``budget_s``); the ``+ 1`` is
+    the forward that sets up the job's context, which runs each op it profiles about once. ``c0`` (inputs
+    materialised, the rest of the setup) and ``c1`` are fitted on the DB's measured points."""
+
+    c0: float
+    c1: float
+    timer: TimerConfig = TimerConfig()
+
+    def calls(self, t: np.ndarray) -> np.ndarray:
+        cfg = self.timer
+        t = np.maximum(np.asarray(t, dtype=np.float64), 1e-9)
+        inner = np.clip(np.ceil(cfg.min_sample_s / t), 1, cfg.max_inner)
+        # time_calls stops after the first repeat (from the third on) that takes the point past budget_s
+        reps = np.floor((cfg.budget_s - cfg.warmup * t) / (inner * t)) + 1
+        return max(1, cfg.warmup) + np.clip(reps, 3, cfg.repeats) * inner
+
+    def __call__(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        return self.c0 + self.c1 * (self.calls(t) + 1) * t
+
+    @classmethod
+    def fit(cls, latency_s: Sequence[float], cost_s: Sequence[float], timer: TimerConfig | None = None) -> PointCost:
+        """Non-negative least squares in relative error on measured points' (median latency, cost)."""
+        from scipy.optimize import nnls
+
+        timer = timer or TimerConfig()
+        t, c = np.asarray(latency_s, dtype=np.float64), np.maximum(np.asarray(cost_s, dtype=np.float64), 1e-9)
+        if len(t) < 2:
+            return cls(0.0, 1.0, timer)
+        A = np.column_stack([np.ones(len(t)), (cls(0.0, 1.0, timer).calls(t) + 1) * t]) / c[:, None]
+        coef, _ = nnls(A, np.ones(len(t)))
+        return cls(float(coef[0]), float(coef[1]) or 1.0, timer)
+
+
+def estimate_costs(
+    store: ProfileStore, ctx: ProfileContext, wanted: Mapping[str, tuple[Signature, Sequence[Mapping[str, int]]]],
+    exclude: Collection[str] = (),
+) -> dict[str, float]:
+    """Predicted profiling cost of each ``{key: (signature, its grid points)}``: the shape model's latency at
+    every point, priced by :class:`PointCost`; both fitted on the DB (less ``exclude``). A signature whose kind
+    no shape model covers is left out (the caller prices it at the mean cost per point)."""
+    from dooly.shape_model import ShapeModel, signatures_of
+
+    raw = {k: v for k, v in store.all_points(ctx).items() if k not in set(exclude)}
+    complete = store.complete_keys(ctx)
+    pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items() if k in complete}
+    shape = ShapeModel.fit(signatures_of(store, ctx, pts), pts)
+    flat = [m for v in raw.values() for _, m in v]
+    price = PointCost.fit([m.median_s for m in flat], [m.cost_s for m in flat])
+    out = {}
+    for key, (sig, grid) in wanted.items():
+        if shape.covers(sig):
+            out[key] = float(price(shape.predict(sig, grid).seconds).sum())
+    return out
 
 
 def _signatures(plan: Plan) -> list[ModelSignatures]:
@@ -121,9 +201,24 @@ def _signatures(plan: Plan) -> list[ModelSignatures]:
     return out
 
 
+def planned_points(plan: Plan) -> dict[str, tuple[Signature, list[dict[str, int]]]]:
+    """Each signature of the plan with the grid points its owner profiles it on."""
+    out: dict[str, tuple[Signature, list[dict[str, int]]]] = {}
+    for mp in plan.models:
+        for phase, needs in mp.needs.items():
+            for k, n in needs.items():
+                if plan.owner.get(k) == mp.name and k not in out:
+                    out[k] = (n.signature, mp.grid.signature_points(phase, n.signature.symbols()))
+    return out
+
+
 def savings(plan: Plan, store: ProfileStore, predicted: Collection[str] = ()) -> Savings:
-    """The plan's models, in the plan's order (``predicted``: signatures left to the shape model)."""
-    return savings_of(_signatures(plan), store, plan.ctx, plan.known, predicted)
+    """The plan's models, in the plan's order (``predicted``: signatures left to the shape model); signatures
+    nothing is measured of are priced by :func:`estimate_costs`."""
+    measured = store.signature_costs(plan.ctx)
+    wanted = {k: v for k, v in planned_points(plan).items() if k not in measured}
+    estimated = estimate_costs(store, plan.ctx, wanted) if wanted else {}
+    return savings_of(_signatures(plan), store, plan.ctx, plan.known, predicted, estimated)
 
 
 def _context_label(ctx: ProfileContext) -> str:
