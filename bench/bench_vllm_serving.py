@@ -38,10 +38,15 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--real-runs", type=int, default=2)
+    ap.add_argument("--warmup-runs", type=int, default=1, help="served first on each server, not scored")
+    ap.add_argument("--no-pin-frontend", action="store_true",
+                    help="let the API server and load generator share the engine's core (default: the other cores)")
+    ap.add_argument("--dtype", help="engine dtype (default: bfloat16 where the CPU has AVX-512 BF16 or AMX, "
+                    "else float32)")
     ap.add_argument("--json", type=Path, help="also write every validation (per-request figures) here")
     args = ap.parse_args()
 
-    from dooly.engines.vllm_serving import ServeConfig, validate, vllm_available
+    from dooly.engines.vllm_serving import ServeConfig, cpu_serving_dtype, validate, vllm_available
 
     why = vllm_available()
     if why:
@@ -50,24 +55,30 @@ def main() -> None:
     from dooly.cli.serve import _cpu_kv_blocks, serving_latency_model
     from dooly.simulator import CachedLatency, parse_workload
 
+    dtype = args.dtype or cpu_serving_dtype()
     if not args.db.exists():
         args.db.parent.mkdir(parents=True, exist_ok=True)
         print(f"profiling {' '.join(args.models)} into {args.db} (vLLM engine) ...", flush=True)
-        cmd = [sys.executable, "-m", "dooly", "profile", *args.models, "--db", str(args.db), "--engine", "vllm"]
+        cmd = [sys.executable, "-m", "dooly", "profile", *args.models, "--db", str(args.db), "--engine", "vllm",
+               "--dtype", dtype, "--threads", "1"]
         subprocess.run(cmd, check=True)
     w = parse_workload(args.workload)
     print(f"workload {args.workload}; max_num_seqs={args.max_num_seqs} "
-          f"max_num_batched_tokens={args.max_num_batched_tokens}, block 128, 1 GiB KV, 1 thread")  # fmt: skip
+          f"max_num_batched_tokens={args.max_num_batched_tokens}, block 128, 1 GiB KV, 1 thread, {dtype}; "
+          f"{args.warmup_runs} warm-up + {args.real_runs} scored runs per server, front end "
+          f"{'on the engine core too' if args.no_pin_frontend else 'on the other cores'}")  # fmt: skip
     print(f"{'model':20s} {'ops from':9s} {'TTFT MAPE':>10s} {'(runs)':>8s} {'TPOT MAPE':>10s} {'(runs)':>8s} "
           f"{'iter MAPE':>10s} {'(runs)':>8s} {'TTFT dist':>10s} {'(runs)':>8s} {'TPOT dist':>10s} {'(runs)':>8s} "
           f"{'TTFT p50 meas/sim ms':>22s} {'wall s':>7s}")  # fmt: skip
     payloads = []
     for model in [*args.models, *args.unprofiled]:
         t0 = time.perf_counter()
-        pred, profiled_with = serving_latency_model(model, args.db, "bfloat16", 1, "vllm")
-        cfg = ServeConfig(args.max_num_seqs, args.max_num_batched_tokens, max_model_len=512)
+        pred, profiled_with = serving_latency_model(model, args.db, dtype, 1, "vllm")
+        cfg = ServeConfig(args.max_num_seqs, args.max_num_batched_tokens, dtype=dtype, max_model_len=512,
+                          pin_frontend=not args.no_pin_frontend)
         blocks = _cpu_kv_blocks(model, cfg.kvcache_space_gb, cfg.block_size, cfg.dtype)
-        p = validate(model, w, cfg, blocks, CachedLatency(pred), args.real_runs, log=lambda m: None)
+        p = validate(model, w, cfg, blocks, CachedLatency(pred), args.real_runs, log=lambda m: None,
+                     warmup_runs=args.warmup_runs)
         rows = {r["metric"]: r for r in p["table"]}
         noise = p["run_to_run_pct"]
         print(

@@ -129,7 +129,10 @@ def test_real_vllm_serve_against_the_simulator(tmp_path):
     """One server, two real runs of a workload that queues (8 requests at once, 2 sequences at a time)."""
     w = parse_workload("static:n=8,prompt=24-160,output=6-12,seed=1")
     cfg = ServeConfig(max_num_seqs=2, max_num_batched_tokens=128, max_model_len=256)
+    affinity = os.sched_getaffinity(0)
     payload = validate("smollm2-135m", w, cfg, 364, LinearLatency(), real_runs=2, workdir=tmp_path, log=lambda m: None)
+    assert os.sched_getaffinity(0) == affinity  # the load generator's pinning is undone
+    assert [r["kind"] for r in payload["runs"]] == ["warm-up", "real", "real"]
     assert payload["server"]["kv_cache_tokens"] == 364 * 128  # the simulator's sizing is vLLM's
     measured = payload["measured"]
     assert np.all(measured["ttft"] > 0) and np.all(np.isfinite(measured["tpot"]))
@@ -142,6 +145,14 @@ def test_real_vllm_serve_against_the_simulator(tmp_path):
     assert {r["metric"] for r in payload["table"]} == {"TTFT", "TPOT"}
     assert all(np.isfinite(r["quantile_err_pct"]) for r in payload["table"])
     assert np.isfinite(payload["iteration_mape"])
+
+
+def test_front_end_is_kept_off_the_engine_cores():
+    mine = set(os.sched_getaffinity(0))
+    one = ServeConfig(max_num_seqs=2, max_num_batched_tokens=128, threads=1)
+    assert one.frontend_cores() == ((mine - {0}) or None)
+    assert ServeConfig(2, 128, threads=1, pin_frontend=False).frontend_cores() is None
+    assert ServeConfig(2, 128, threads=len(mine) + 8).frontend_cores() is None  # no core left: leave it alone
 
 
 def test_cli_refuses_vllm_cleanly_without_it(tmp_path):

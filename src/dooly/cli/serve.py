@@ -312,7 +312,8 @@ def _cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
 
 
 def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_tokens: int, block_size: int,
-                        kvcache_gb: int, threads: int, dtype: str, real_runs: int) -> dict:  # fmt: skip
+                        kvcache_gb: int, threads: int, dtype: str, real_runs: int,
+                        warmup_runs: int = 1) -> dict:  # fmt: skip
     """`validate-serving --engine vllm`: the real `vllm serve` under vLLM's load generator vs the simulator
     running vLLM v1's scheduler (see :mod:`dooly.engines.vllm_serving`)."""
     from dooly.engines.vllm_serving import ServeConfig, validate, vllm_available
@@ -328,7 +329,8 @@ def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_
     serve_cfg = ServeConfig(max_seqs, max_tokens, block_size, kvcache_gb, dtype, threads,
                             max_model_len=max(256, -(-longest // block_size) * block_size))  # fmt: skip
     log = Console(stderr=True).print
-    payload = validate(model, w, serve_cfg, blocks, CachedLatency(predictor), real_runs, log=log)
+    payload = validate(model, w, serve_cfg, blocks, CachedLatency(predictor), real_runs, log=log,
+                       warmup_runs=warmup_runs)
     payload["workload"] = workload
     payload["profiled_with"] = profiled_with
     return payload
@@ -379,6 +381,9 @@ def validate_serving(
     real_runs: int = typer.Option(
         2, "--real-runs", min=1, help="Serve the workload this many times; their spread is the noise floor."
     ),
+    warmup_runs: int = typer.Option(
+        1, "--warmup-runs", min=0, help="--engine vllm: serve the workload this many times first, unscored."
+    ),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=_ENGINE_HELP),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
@@ -388,7 +393,7 @@ def validate_serving(
     threads = threads if threads is not None else default_threads()
     if engine == "vllm":
         payload = run_vllm_validation(model, db, workload, max_seqs, max_tokens, block_size or VLLM_BLOCK_SIZE,
-                                      cpu_kvcache_gb, threads, dtype, real_runs)  # fmt: skip
+                                      cpu_kvcache_gb, threads, dtype, real_runs, warmup_runs)  # fmt: skip
         print_validation(payload)
         path = save_result(db, f"validation-{Path(model).stem}-vllm{max_tokens}-seqs{max_seqs}", payload)
         out.print(f"result: {path}")
