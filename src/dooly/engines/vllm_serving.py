@@ -97,11 +97,15 @@ class ServeConfig:
     # not use, so they never preempt the engine (bench/bench_vllm_serving.py measures both settings)
     pin_frontend: bool = True
 
+    def engine_cores(self) -> range:
+        """The cores vLLM binds the engine's OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND)."""
+        return range(self.threads)
+
     def frontend_cores(self) -> set[int] | None:
         """The cores for everything but the engine's OpenMP threads (None: leave affinity alone)."""
         if not self.pin_frontend:
             return None
-        rest = set(os.sched_getaffinity(0)) - set(range(self.threads))
+        rest = set(os.sched_getaffinity(0)) - set(self.engine_cores())
         return rest or None
 
     def args(self) -> list[str]:
@@ -113,10 +117,12 @@ class ServeConfig:
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
+        cores = self.engine_cores()
+        bind = str(cores[0]) if len(cores) == 1 else f"{cores[0]}-{cores[-1]}"
         env = dict(os.environ)
         env.update(
             VLLM_CPU_KVCACHE_SPACE=str(self.kvcache_space_gb),
-            VLLM_CPU_OMP_THREADS_BIND="0" if self.threads == 1 else f"0-{self.threads - 1}",
+            VLLM_CPU_OMP_THREADS_BIND=bind,
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
