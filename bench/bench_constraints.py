@@ -6,9 +6,9 @@
   (../shared/traces/lttng-wget-kernel, when present), rules are mined on the first 70% (50%) in
   time and checked on the last 30% (50%); everything flagged on real data is a false positive
   (target <= 0.5% on both);
-* repair of a Markov-4 sample (tracesynth.baselines.markov, fitted on the first 70%): violations
-  before and after, edit rate = events changed / events (target <= 5%, zero violations after),
-  and which fix made the edits;
+* repair of a Markov-4 sample (tracesynth.baselines.markov, fitted on the first 70%), plain and drawn
+  under the kernel invariants (`guide="kernel"`): violations before and after, edit rate = events
+  changed / events (target <= 5%, zero violations after), and which fix made the edits;
 * repair throughput on a badly broken sample (what an untrained generator emits: every column
   drawn independently from the real events, so most events break a rule): events/s, and that it
   still ends with zero violations;
@@ -79,10 +79,10 @@ def switchless_changes(trace: Trace) -> int:
     return int((same_cpu & (t[1:] != t[:-1]) & (t[1:] >= 0) & (t[:-1] >= 0) & ~switch[o][:-1]).sum())
 
 
-def markov_repair(name: str, trace: Trace, n: int) -> tuple[list[str], float, int]:
+def markov_repair(name: str, trace: Trace, n: int, guide: str = "none") -> tuple[list[str], float, int]:
     train = split_by_time(trace, (0.7, 0.3))[0]
     rules = mine_rules([train])
-    raw = MarkovChain(order=4).fit([train]).sample(min(n, len(train)), seed=0)
+    raw = MarkovChain(order=4).fit([train]).sample(min(n, len(train)), seed=0, guide=guide)
     before = check_trace(raw, rules)
     t0 = time.perf_counter()
     fixed, rep = repair_trace(raw, rules, seed=0)
@@ -91,6 +91,7 @@ def markov_repair(name: str, trace: Trace, n: int) -> tuple[list[str], float, in
     ok = rep.edit_rate <= EDIT_TARGET and after == 0
     row = [
         name,
+        guide,
         f"{len(raw):,}",
         f"{before.total:,} ({before.rate:.1%})",
         f"{after}",
@@ -166,6 +167,7 @@ def main() -> None:
 
     rp = Table(
         "workload",
+        "guide",
         "events",
         "violations before",
         "after",
@@ -178,7 +180,8 @@ def main() -> None:
     )
     for name, trace in traces.items():
         if name != "lttng-wget":  # the target is on the shipped workloads
-            rp.add_row(*markov_repair(name, trace, args.sample_events)[0])
+            for guide in ("none", "kernel"):
+                rp.add_row(*markov_repair(name, trace, args.sample_events, guide)[0])
     out.print(rp)
 
     br = Table(

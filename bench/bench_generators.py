@@ -17,7 +17,8 @@ block. Every generator fits on the training block (the neural ones for the same 
 - sample ev/s: sampling throughput (raw sample, before repair);
 - and per generator the rules broken most often (share of the sample's events breaking each).
 
-`ar` is sampled twice from one fit: unguided (row `ar`) and with constraint-guided decoding (`ar+guided`).
+`ar` and `markov4` are sampled twice from one fit: unguided (rows `ar`, `markov4`) and kept within the kernel
+invariants (`ar+guided`, `markov4+guided`).
 `--sample-steps 64 256 256:confidence` samples the masked model once per setting from the same fit
 (rows `masked@256`, ...); `--only masked markov4` fits only those.
 
@@ -73,9 +74,9 @@ def _generators(args) -> dict[str, object]:
 
 def _samplings(gname: str, args) -> list[tuple[str, dict]]:
     """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps,
-    ar unguided and guided by the kernel invariants (tracesynth.guide)."""
-    if gname == "ar":
-        return [("ar", {"guide": "none"}), ("ar+guided", {"guide": "kernel"})]
+    ar and markov4 unguided and guided by the kernel invariants."""
+    if gname in ("ar", "markov4"):
+        return [(gname, {"guide": "none"}), (f"{gname}+guided", {"guide": "kernel"})]
     if gname != "masked":
         return [(gname, {})]
     out = []
@@ -111,10 +112,11 @@ def bench_trace(name: str, trace, args) -> list[dict]:
         info = gen.fit_info
         train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
         for rname, setting in _samplings(gname, args):
-            for k, v in setting.items():
-                setattr(gen.config, k, v)
+            config = getattr(gen, "config", None)  # token models keep sampler settings in their config
+            for k, v in setting.items() if config is not None else ():
+                setattr(config, k, v)
             t0 = time.perf_counter()
-            raw = gen.sample(args.events, seed=0)
+            raw = gen.sample(args.events, seed=0, **(setting if config is None else {}))
             sample_s = time.perf_counter() - t0
             t_eval = time.perf_counter()
             _, rep = repair_trace(raw, rules, seed=0)

@@ -142,7 +142,7 @@ KINDS: dict[str, Kind] = {
         ),
         Kind("masked", _token_builder(_masked_cls), _masked_cls, ("format", "tracesynth-masked-1"), ("workload",)),
         Kind("ar", _token_builder(_ar_cls), _ar_cls, ("format", "tracesynth-ar-2"), ("workload", "guide")),
-        Kind("markov", _markov, _markov_cls, ("kind", "markov")),
+        Kind("markov", _markov, _markov_cls, ("kind", "markov"), ("guide",)),
         Kind("sdv_par", _sdv_par, None, None),
     )
 }

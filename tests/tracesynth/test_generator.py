@@ -93,6 +93,9 @@ def test_cli_fits_and_samples_a_markov_chain(tmp_path: Path) -> None:
     res = runner.invoke(app, ["sample", str(tmp_path / "m"), "--events", "90", "-o", str(out), "--seed", "3"])
     assert res.exit_code == 0, res.output
     assert Trace.load(out) == MarkovChain.load(tmp_path / "m").sample(90, seed=3)
+    res = runner.invoke(app, ["sample", str(tmp_path / "m"), "--events", "90", "-o", str(out), "--guide", "kernel"])
+    assert res.exit_code == 0, res.output
+    assert Trace.load(out) == MarkovChain.load(tmp_path / "m").sample(90, seed=0, guide="kernel")
     # a diffusion-only option is refused, not ignored, and nothing is written
     res = runner.invoke(
         app,

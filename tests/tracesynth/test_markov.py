@@ -1,11 +1,15 @@
-"""Order-k Markov baseline: reproduces what it saw, round-trips through save/load, never leaks thread ids."""
+"""Order-k Markov baseline: reproduces what it saw, round-trips through save/load, never leaks thread ids,
+and with guide="kernel" keeps the kernel invariants."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tracesynth.baselines import MarkovChain
+from tracesynth.constraints import check_trace, mine_rules
 from tracesynth.errors import TraceSynthError
 from tracesynth.generator import Generator
 from tracesynth.trace import Trace
@@ -69,6 +73,9 @@ def test_threads_relabelled_and_ret_sampled() -> None:
     ret = s.table["ret"].to_pylist()
     assert all(r == 0 for r, e in zip(ret, ev, strict=True) if e == "b")
     assert all(r is None for r, e in zip(ret, ev, strict=True) if e != "b")
+    # the idle task keeps tid 0 (every CPU's, exempt from the one-CPU invariant); other threads count from 1
+    idle = cycle_trace().with_columns(tid=np.where(np.arange(400) % 2 == 0, 0, 7001))
+    assert set(MarkovChain(order=1).fit([idle]).sample(400, seed=1).table["tid"].to_pylist()) == {0, 1}
 
 
 def test_errors() -> None:
@@ -78,3 +85,29 @@ def test_errors() -> None:
         MarkovChain().sample(10)
     with pytest.raises(TraceSynthError):
         MarkovChain.load("/nonexistent/dir")
+
+
+KERNEL = ("sched.consistency", "sched.one_cpu", "syscall.pairing", "time.monotonic", "ret.errno")
+
+
+@pytest.fixture(scope="module")
+def ffmpeg() -> Trace:
+    """A real slice with many threads and CPUs (the workload whose plain Markov samples break most)."""
+    return Trace.load(Path(__file__).resolve().parents[2] / "data" / "ffmpeg.parquet").slice(50_000, 58_000)
+
+
+def test_guided_chain_breaks_no_kernel_invariant_the_plain_one_does(ffmpeg: Trace, tmp_path: Path) -> None:
+    rules = mine_rules([ffmpeg])
+    m = MarkovChain(order=4).fit([ffmpeg])
+    for seed in range(3):
+        guided = m.sample(4000, seed=seed, guide="kernel")
+        rep = check_trace(guided, rules)
+        assert {r: rep.counts[r] for r in KERNEL} == dict.fromkeys(KERNEL, 0), (seed, rep.counts)
+        assert len(guided) == 4000 and guided.n_event_types > 10
+    plain = check_trace(m.sample(4000, seed=0), rules)
+    assert plain.counts["syscall.pairing"] > 100 and plain.counts["sched.consistency"] > 100, plain.counts
+    m.save(tmp_path / "m")
+    back = MarkovChain.load(tmp_path / "m")
+    assert back.kernel == m.kernel and back.sample(500, seed=4, guide="kernel") == m.sample(500, seed=4, guide="kernel")
+    with pytest.raises(TraceSynthError, match="no guide 'x'"):
+        m.sample(10, guide="x")

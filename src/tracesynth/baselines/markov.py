@@ -9,6 +9,14 @@
   thread ids are relabelled 1..N at fit time so no real thread id reaches a synthetic trace;
 - ret: drawn from the event type's empirical return values (null where the type never returns one).
 
+`sample(n, seed, guide="kernel")` draws the same chain one event at a time under the kernel invariants
+(what `tracesynth.guide` does for the `ar` model), keeping the event sequence the chain draws and moving the
+event instead: to the CPU where its thread is current, to the thread current on its CPU, or, where that thread
+may not do it (an entry inside a call, a wrong or orphan exit), to another CPU whose current thread may (or a
+free CPU and a thread current nowhere). Only where no CPU can take it is the event redrawn from the same
+Markov context with the forbidden events masked out. The default `guide="none"` is the plain chain a user
+would write.
+
 Saved as JSON (config, vocabularies) + safetensors (tables); no pickle.
 """
 
@@ -26,6 +34,7 @@ from safetensors.numpy import load_file, save_file
 
 from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
+from tracesynth.events import IDLE_TID, SCHED_PROCESS_EXIT, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
 from tracesynth.trace import Trace
 from tracesynth.vocab import Vocab
 
@@ -69,6 +78,7 @@ class MarkovChain:
             raise TraceSynthError(f"Markov order must be >= 1, got {order}")
         self.order = int(order)
         self.name = f"markov{self.order}"
+        self.kernel: Any = None  # tracesynth.guide.KernelFacts, mined at fit time (for guide="kernel")
         self._fitted = False
 
     # -- fitting --------------------------------------------------------------------------------
@@ -109,9 +119,9 @@ class MarkovChain:
             key_all.append((prev * V + ev)[1:])
             cpu = t.numeric("cpu")
             tid_raw = t.numeric("tid")
-            for x in np.unique(tid_raw):  # relabel threads 1..N (by id, across traces): no real id leaks
-                if x >= 0 and int(x) not in tid_map:
-                    tid_map[int(x)] = len(tid_map) + 1
+            for x in np.unique(tid_raw):  # relabel threads 1..N (by id, across traces): no real id leaks;
+                if x >= 0 and int(x) not in tid_map:  # the idle task stays 0 (it is every CPU's, and exempt)
+                    tid_map[int(x)] = 0 if x == IDLE_TID else len(tid_map) + 1 - (IDLE_TID in tid_map)
             tid = np.full(n, -1, dtype=np.int64)
             if tid_map:
                 lut_keys = np.asarray(sorted(tid_map), dtype=np.int64)
@@ -151,6 +161,9 @@ class MarkovChain:
         # return values (sentinel = null)
         ret = np.concatenate(ret_all)
         self._ret = _subsample(ev, ret, _MAX_SAMPLES, rng)
+        from tracesynth.guide import KernelFacts  # on use: the guide module imports torch
+
+        self.kernel = KernelFacts.mine(traces)
         self._build_samplers()
         self._fitted = True
         return self
@@ -179,27 +192,27 @@ class MarkovChain:
         return {}
 
     # -- sampling -------------------------------------------------------------------------------
-    def sample(self, n_events: int, seed: int = 0) -> Trace:
-        """Generate n_events events (sampling only; repair is tracesynth.constraints.repair_trace)."""
+    def sample(self, n_events: int, seed: int = 0, guide: str = "none") -> Trace:
+        """Generate n_events events (sampling only; repair is tracesynth.constraints.repair_trace).
+
+        guide: "none" (the plain chain) or "kernel" (draws kept within the kernel invariants; see the module
+        docstring)."""
         if not self._fitted:
             raise TraceSynthError("Markov chain: sample() before fit()/load()")
+        if guide not in ("none", "kernel"):
+            raise TraceSynthError(f"Markov chain: no guide {guide!r} (it can take none, kernel)")
         rng = np.random.default_rng(seed)
+        if guide == "kernel":
+            return self._sample_guided(n_events, rng)
         base, k = self._base, self.order
         mod = base**k
         ev = np.empty(n_events, dtype=np.int64)
         u = rng.random(n_events)
-        samplers = self._samplers
-        divisors = [base ** (k - j) for j in range(k + 1)]  # key of order j = full key % base**j
         key = 0  # the start of a trace: all-zero context
         uni = np.cumsum(self._unigram) / self._unigram.sum()
         # sequential by nature: each event depends on the previous k (one dict lookup per event)
         for i in range(n_events):
-            nxt = None
-            for j in range(k, -1, -1):
-                s = samplers[j].get(key % (mod // divisors[j]) if j < k else key)
-                if s is not None:
-                    nxt = s
-                    break
+            nxt = self._context(key)
             if nxt is None:
                 e = int(np.searchsorted(uni, u[i], side="right"))
             else:
@@ -208,8 +221,168 @@ class MarkovChain:
             key = (key * base + e + 1) % mod
         return self._decorate(ev, rng)
 
-    def _decorate(self, ev: np.ndarray, rng: np.random.Generator) -> Trace:
-        """dt, cpu/tid/comm and ret for a sampled event sequence (vectorised)."""
+    def _contexts(self, key: int):  # type: ignore[no-untyped-def]
+        """The (next events, cumulative probabilities) of every order that saw the context, longest first."""
+        k = self.order
+        mod = self._base**k
+        for j in range(k, -1, -1):
+            s = self._samplers[j].get(key % (mod // self._base ** (k - j)) if j < k else key)
+            if s is not None:
+                yield s
+
+    def _context(self, key: int):  # type: ignore[no-untyped-def]
+        return next(self._contexts(key), None)
+
+    def _sample_guided(self, n: int, rng: np.random.Generator) -> Trace:
+        """The chain drawn event by event under the kernel invariants (sched consistency, one CPU per thread,
+        syscall pairing): each event as the chain draws it, placed on a CPU and thread where it breaks none;
+        redrawn (masked) only where no such place exists."""
+        from tracesynth.guide import CLOSED, NEVER, KernelFacts
+
+        facts = self.kernel or KernelFacts()
+        V, base, mod = len(self.vocab), self._base, self._base**self.order
+        unpaired = set(facts.unpaired_calls)
+        is_entry, is_exit = np.zeros(V, bool), np.zeros(V, bool)
+        call_of, calls = np.full(V, -1, np.int64), {}
+        for i, name in enumerate(self.vocab):
+            for prefix, flag in ((SYSCALL_ENTRY, is_entry), (SYSCALL_EXIT, is_exit)):
+                if name.startswith(prefix) and name[len(prefix):] not in unpaired:
+                    flag[i] = True
+                    call_of[i] = calls.setdefault(name[len(prefix):], len(calls))
+        exit_of = {int(call_of[i]): i for i in np.flatnonzero(is_exit)}
+        switch = self.vocab.index(SCHED_SWITCH) if SCHED_SWITCH in self.vocab else -1
+        prev_conv = facts.convention == "prev"
+        closes = np.zeros(V, bool)  # events that end their thread's stay on the CPU ("prev" convention)
+        if switch >= 0 and prev_conv:
+            closes[switch] = True
+            if SCHED_PROCESS_EXIT in self.vocab:
+                closes[self.vocab.index(SCHED_PROCESS_EXIT)] = True
+        syscall = is_entry | is_exit
+        uni = self._unigram / self._unigram.sum()
+        uk, off, vals = self._thread_by_event  # dense per event type: where its (cpu, thread, comm) draws lie
+        lo, hi = np.zeros(V, np.int64), np.zeros(V, np.int64)
+        lo[uk], hi[uk] = off[:-1], off[1:]
+        threads = self._threads if len(self._threads) else np.full((1, 3), -1, np.int64)
+
+        def allowed(state: int) -> np.ndarray | None:
+            """Events a thread may do next: inside a call only non-syscalls and its exit; after an exit no
+            exit; before its first syscall event anything."""
+            if state == NEVER:
+                return None
+            if state == CLOSED:
+                return ~is_exit
+            m = ~syscall
+            if state in exit_of:
+                m[exit_of[state]] = True
+            return m
+
+        def pick(p: np.ndarray) -> int:
+            return int(min(np.searchsorted(np.cumsum(p) / p.sum(), rng.random(), side="right"), len(p) - 1))
+
+        def masked_draw(key: int, m: np.ndarray) -> int:
+            """The longest context's next-event distribution with the events `m` forbids taken out."""
+            for nxt, cum in self._contexts(key):
+                p = np.diff(cum, prepend=0.0) * m[nxt]
+                if p.sum() > 0:
+                    return int(nxt[pick(p)])
+            p = uni * m
+            return pick(p if p.sum() > 0 else m / m.sum())
+
+        ev = np.empty(n, np.int64)
+        out = np.empty((n, 3), np.int64)
+        u, keep_u, pick_u = rng.random(n), rng.random(n), rng.random(n)
+        owner: dict[int, int] = {}  # cpu -> its current thread
+        where: dict[int, int] = {}  # thread -> the cpu where it is current (idle task not tracked)
+        open_call: dict[int, int] = {}  # thread -> open call id, CLOSED, or absent (NEVER)
+        comm_of: dict[int, int] = {}
+        cpus = sorted({int(c) for c in threads[:, 0] if c >= 0})
+        mix: dict[int, list[tuple[int, int]]] = {}  # event -> the (thread, comm) pairs it was seen with
+
+        def ok(t: int, e: int) -> bool:
+            """Whether thread t may do event e next (syscall pairing)."""
+            state = open_call.get(t, NEVER)
+            if state == NEVER:
+                return True
+            if state == CLOSED:
+                return not is_exit[e]
+            return not syscall[e] or (is_exit[e] and call_of[e] == state)
+
+        def place(e: int, c: int, t: int, cm: int) -> tuple[int, int, int] | None:
+            """Where event e can happen: the drawn (cpu, thread) where the invariants allow it, else a CPU whose
+            current thread may do e, else a free CPU and a thread of e's mix current nowhere (None: nowhere)."""
+            cur = where.get(t) if t != IDLE_TID else None
+            if cur is not None:
+                if ok(t, e):
+                    return cur, t, cm  # a thread's events stay on the CPU where it is current
+            elif c not in owner:
+                if ok(t, e):
+                    return c, t, cm
+            elif ok(owner[c], e):
+                return c, owner[c], comm_of.get(owner[c], cm)  # a busy CPU's events are its current thread's
+            busy = [x for x, o in owner.items() if ok(o, e) and not (o == IDLE_TID and syscall[e])]
+            if busy:
+                x = busy[int(rng.random() * len(busy))]
+                return x, owner[x], comm_of.get(owner[x], cm)
+            free = [x for x in cpus if x not in owner]
+            if free:
+                if e not in mix:
+                    mix[e] = sorted({(int(r[1]), int(r[2])) for r in threads[vals[lo[e]:hi[e]]] if r[1] >= 0})
+                cands = [(th, co) for th, co in mix[e] if th not in where and th != IDLE_TID and ok(th, e)]
+                if cands:
+                    th, co = cands[int(rng.random() * len(cands))]
+                    return free[int(rng.random() * len(free))], th, co
+            return None
+
+        key, last = 0, None
+        for i in range(n):
+            nxt = self._context(key)
+            if nxt is None:
+                e = int(np.searchsorted(np.cumsum(uni), u[i], side="right").clip(0, V - 1))
+            else:
+                e = int(nxt[0][min(int(np.searchsorted(nxt[1], u[i], side="right")), len(nxt[0]) - 1)])
+            if last is not None and keep_u[i] < self._p_same[e]:
+                c, t, cm = last
+            else:
+                span = hi[e] - lo[e]
+                row = vals[lo[e] + int(pick_u[i] * span)] if span else 0
+                c, t, cm = (int(x) for x in threads[row])
+            # the event as the chain drew it, on a CPU and thread where the invariants allow it; only where no
+            # such place exists is the event redrawn (a "next"-convention switch keeps its drawn thread)
+            spot = place(e, c, t, cm) if c >= 0 and t >= 0 and not (e == switch and not prev_conv) else None
+            if spot is not None:
+                c, t, cm = spot
+            elif c >= 0 and t >= 0:
+                if t != IDLE_TID and where.get(t, c) != c:
+                    c = where[t]
+                elif not (e == switch and not prev_conv) and owner.get(c, t) != t:
+                    t = owner[c]
+                    cm = comm_of.get(t, cm)
+            if t >= 0:
+                m = allowed(open_call.get(t, NEVER))
+                if m is not None and not m[e]:
+                    e = masked_draw(key, m)
+                if is_entry[e]:
+                    open_call[t] = int(call_of[e])
+                elif is_exit[e]:
+                    open_call[t] = CLOSED
+                comm_of[t] = cm
+            if c >= 0 and t >= 0:
+                if closes[e]:
+                    owner.pop(c, None)
+                    where.pop(t, None)
+                else:
+                    if e == switch:  # "next" convention: the switch hands the CPU to its thread
+                        where.pop(owner.get(c, -1), None)
+                    owner[c] = t
+                    if t != IDLE_TID:
+                        where[t] = c
+            ev[i], out[i] = e, (c, t, cm)
+            last = (c, t, cm)
+            key = (key * base + e + 1) % mod
+        return self._decorate(ev, rng, out)
+
+    def _decorate(self, ev: np.ndarray, rng: np.random.Generator, thread: np.ndarray | None = None) -> Trace:
+        """dt, cpu/tid/comm (unless given: [n, 3]) and ret for a sampled event sequence (vectorised)."""
         n, V = len(ev), len(self.vocab)
         prev = np.concatenate([[-1], ev[:-1]])
         dt, found = _draw_grouped(prev * V + ev, *self._dt_pair, rng)
@@ -218,14 +391,14 @@ class MarkovChain:
         if n:
             dt[0] = 0
         ts = np.cumsum(np.maximum(dt, 0))
-        # threads: keep the previous row's (cpu, thread) or draw a fresh one from this event type's mix
-        fresh_idx, _ = _draw_grouped(ev, *self._thread_by_event, rng)
-        keep = rng.random(n) < self._p_same[ev]
-        if n:
-            keep[0] = False
-        pos = np.where(keep, 0, np.arange(n))
-        pos = np.maximum.accumulate(pos)
-        thread = self._threads[fresh_idx[pos]] if len(self._threads) else np.full((n, 3), -1)
+        if thread is None:  # keep the previous row's (cpu, thread) or draw a fresh one from this event type's mix
+            fresh_idx, _ = _draw_grouped(ev, *self._thread_by_event, rng)
+            keep = rng.random(n) < self._p_same[ev]
+            if n:
+                keep[0] = False
+            pos = np.where(keep, 0, np.arange(n))
+            pos = np.maximum.accumulate(pos)
+            thread = self._threads[fresh_idx[pos]] if len(self._threads) else np.full((n, 3), -1)
         ret, found_r = _draw_grouped(ev, *self._ret, rng)
         null = np.iinfo(np.int64).min
         cpu, tid, comm = thread[:, 0], thread[:, 1], thread[:, 2]
@@ -257,7 +430,8 @@ class MarkovChain:
             raise TraceSynthError("Markov chain: save() before fit()")
         directory = Path(directory)
         with atomic_path(directory, directory=True, contents=("config.json", "tables.safetensors")) as tmp:
-            meta = {"kind": "markov", "order": self.order, "vocab": self.vocab, "comms": self.comms}
+            meta = {"kind": "markov", "order": self.order, "vocab": self.vocab, "comms": self.comms,
+                    "kernel": vars(self.kernel) if self.kernel is not None else None}
             (tmp / "config.json").write_text(json.dumps(meta, indent=1))
             save_file(self._arrays(), str(tmp / "tables.safetensors"))
         return directory
@@ -275,6 +449,10 @@ class MarkovChain:
             if not all(isinstance(v, str) for v in self.vocab + self.comms):
                 raise TraceSynthError("not a saved Markov chain (vocab/comms hold non-strings)", directory)
             self._base = len(self.vocab) + 1
+            if meta.get("kernel") is not None:  # older saves have none: the guide then assumes the defaults
+                from tracesynth.guide import KernelFacts
+
+                self.kernel = KernelFacts.from_json(meta["kernel"])
             self._unigram, self._p_same, self._threads = arrays["unigram"], arrays["p_same"], arrays["threads"]
             self._tables = [
                 (arrays[f"t{j}_ctx"], arrays[f"t{j}_next"], arrays[f"t{j}_count"]) for j in range(self.order + 1)

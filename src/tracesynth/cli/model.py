@@ -147,7 +147,8 @@ def sample(
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: the model's)."),
     workload: str = typer.Option(None, "--workload", help="The workload to draw (a model fitted with --conditional)."),
     guide: str = typer.Option(
-        None, "--guide", help="ar: kernel (mask draws with the kernel invariants, the default) or none."
+        None, "--guide", help="ar, markov: kernel (keep draws within the kernel invariants; ar's default) or none "
+        "(markov's default).",
     ),
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
