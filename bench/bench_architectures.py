@@ -4,9 +4,9 @@ Each architecture's config class is built with its defaults, then shrunk (hidden
 vocab 128, ... wherever the config has such a field, sub-configs too) so the model builds in a second; where the
 shrunk config does not build, the default config with 2 layers is used (tracing costs no weight memory).
 Every phase ends as ``traced``, ``refused`` (a :class:`DoolyError`: the one-line reason is printed), ``engine
-fails`` (the trace raised and so does a real run of the engine at small sizes, tiny configs only: the engine's
-own code cannot run it) or ``crashed`` (any other exception: a tracer bug to fix). A trace slower than
-``--timeout`` seconds is ``crashed``.
+fails`` (also one line: the trace raised and so does a real run of the engine at small sizes, so the engine's own
+code cannot run it; :func:`dooly.tracer.real_run_failure`) or ``crashed`` (any other exception: a tracer bug).
+A trace slower than ``--timeout`` seconds is ``crashed``.
 
     .venv/bin/python bench/bench_architectures.py                     # every architecture, every phase
     .venv/bin/python bench/bench_architectures.py mamba jamba --phases chunk
@@ -127,20 +127,6 @@ def default_config(model_type: str) -> dict[str, Any]:
     return doc
 
 
-def real_failure(engine: Any, cfg: dict[str, Any], phase: str) -> str | None:
-    """Why a real run of the engine (real tensors, small sizes) fails in ``phase``, or None when it runs: a trace
-    that crashes where the engine's own code fails on real tensors is not a tracer bug."""
-    from dooly.engines import RequestShape
-
-    shape = {"prefill": RequestShape(2, 5, 0), "decode": RequestShape(2, 1, 7), "chunk": RequestShape(2, 5, 7)}
-    try:
-        model = engine.build_model(cfg)
-        engine.forward(model, engine.prepare(model, shape[phase]))
-    except Exception as exc:  # noqa: BLE001
-        return one_line(exc)
-    return None
-
-
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
@@ -185,16 +171,12 @@ def sweep(
             try:
                 tr = trace_model(cfg, ph, name=mt, engine=engine)
                 result, reason = "traced", f"{len(tr.records)} ops"
-            except DoolyError as exc:
-                result, reason = "refused", str(exc)
+            except DoolyError as exc:  # one line; the tracer says when the engine fails on real tensors too
+                result, reason = "engine fails" if "even on real tensors" in str(exc) else "refused", str(exc)
             except _Timeout:
                 result, reason = "crashed", f"timeout after {timeout} s"
             except Exception as exc:  # noqa: BLE001
                 result, reason = "crashed", one_line(exc)
-                if made == "tiny":
-                    real = real_failure(engine, cfg, ph)
-                    if real is not None:
-                        result, reason = "engine fails", f"a real run fails too: {real}"
             finally:
                 signal.alarm(0)
             row = {"arch": mt, "phase": ph, "result": result, "reason": reason, "config": made,

@@ -83,6 +83,19 @@ def _module_tracking(model: torch.nn.Module) -> Iterator[list[str]]:
 MAX_BRANCHES = 8
 
 
+def real_run_failure(engine: Engine, config: Mapping[str, Any], phase: str) -> str | None:
+    """Why a real run of ``engine`` (real tensors, a few tokens) fails in ``phase``, in one line; None if it runs."""
+    shape = {"prefill": RequestShape(2, 5, 0), "decode": RequestShape(2, 1, 7), "chunk": RequestShape(2, 5, 7)}[phase]
+    try:
+        with torch.no_grad():
+            model = engine.build_model(config)
+            engine.forward(model, engine.prepare(model, shape))
+    except Exception as exc:  # noqa: BLE001 - any failure of the engine's own code is the answer
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+    return None
+
+
 def trace_model(
     config: Mapping[str, Any],
     phase: str = "prefill",
@@ -149,8 +162,12 @@ def _trace_once(
     except Exception:
         # A request size the code turned into a constant can break the pass later on (e.g. an SSM's chunk step
         # adds the cached length to a shape it fixed at prefill); that is the reason to report, as in the other
-        # phases. Any other failure is not explained by the labelling and keeps its traceback.
+        # phases. Where the engine's own code fails on real tensors too, there is nothing to trace: one line says
+        # so. Any other failure is a tracer bug and keeps its traceback.
         syms.check_specialised()
+        real = real_run_failure(engine, config, phase)
+        if real is not None:
+            raise DoolyError(f"the engine cannot run this model's {phase} even on real tensors ({real})") from None
         raise
     syms.check_specialised()
 

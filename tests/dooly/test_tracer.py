@@ -239,3 +239,38 @@ def test_latent_attention_and_hybrid_ssm_match_a_real_eager_run(arch: str, phase
         pads = [r.signature for r in trace.records if r.signature.op == "aten.constant_pad_nd.default"]
         assert (phase == "prefill") == bool(pads)
         assert all(any("tokens" in str(d) for d in p.inputs[0].shape) for p in pads)
+
+
+def _shrunk(model_type: str, **extra) -> dict:
+    """transformers' default config of `model_type`, shrunk (sub-configs too) so it builds in a moment."""
+    from transformers import AutoConfig
+
+    small = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, head_dim=16, vocab_size=128)  # fmt: skip
+    doc = AutoConfig.for_model(model_type).to_dict()
+    for d in (doc, *(v for v in doc.values() if isinstance(v, dict) and "model_type" in v)):
+        d.update({k: v for k, v in small.items() if k in d})
+        if isinstance(d.get("layer_types"), list):
+            d["layer_types"] = d["layer_types"][:2]
+    doc.update(extra)
+    return doc
+
+
+def test_a_multimodal_model_traces_without_running_its_weight_init() -> None:
+    # gemma3's vision tower initialises weights with a truncated normal, which fake tensors cannot draw
+    tr = trace_model(_shrunk("gemma3"), "prefill", engine=get_engine(dtype="float32"))
+    assert len(tr.records) > 100
+
+
+def test_configs_and_models_the_engine_cannot_build_or_run_are_refused_in_one_line() -> None:
+    from transformers import AutoConfig
+
+    engine = get_engine(dtype="float32")
+    bad = AutoConfig.for_model("ministral").to_dict()
+    bad["num_hidden_layers"] = 2  # its layer_types keep the default depth: transformers' validator refuses it
+    with pytest.raises(DoolyError, match=r"cannot build a 'ministral' config: StrictDataclass\w+: .*layer_type"):
+        trace_model(bad, "prefill", engine=engine)
+    # a model whose own code fails on real tensors too (xlnet in bfloat16): one line, not a tracer traceback
+    xlnet = {"model_type": "xlnet", "d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 96, "vocab_size": 128}
+    with pytest.raises(DoolyError, match=r"cannot run this model's prefill even on real tensors \(RuntimeError"):
+        trace_model(xlnet, "prefill", engine=get_engine(dtype="bfloat16"))

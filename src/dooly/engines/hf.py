@@ -21,6 +21,33 @@ from typing import Any
 from dooly.engines.base import Engine, RequestShape
 from dooly.errors import DoolyError
 
+
+def _first_line(exc: BaseException) -> str:
+    """An exception as one line (its type and first two lines) for a DoolyError."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {' '.join(lines[:2])}"[:300] if lines else type(exc).__name__
+
+
+@contextmanager
+def _no_init(skip: bool) -> Iterator[None]:
+    if not skip:
+        yield
+        return
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        yield
+
+
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a config it will not accept: its own checks and, since configs became strict
+    dataclasses, huggingface_hub's validators (not ValueErrors)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: no strict configs
+        return (ValueError, KeyError, TypeError)
+    return (ValueError, KeyError, TypeError, StrictDataclassError)
+
 # config.json keys that describe a checkpoint or a hub repo rather than the architecture
 _NOT_ARCHITECTURE = {
     "architectures",
@@ -84,8 +111,8 @@ class HFEagerEngine(Engine):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cfg = AutoConfig.for_model(model_type, **fields)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DoolyError(f"transformers cannot build a {model_type!r} config: {exc}") from None
+        except _config_errors() as exc:
+            raise DoolyError(f"transformers cannot build a {model_type!r} config: {_first_line(exc)}") from None
         if num_layers is not None:
             total = cfg.num_hidden_layers
             if not 1 <= num_layers <= total:
@@ -105,12 +132,20 @@ class HFEagerEngine(Engine):
         kwargs: dict[str, Any] = {"dtype": getattr(torch, self.dtype)}
         if self.attn_implementation is not None:
             kwargs["attn_implementation"] = self.attn_implementation
+        # on fake tensors (the tracer) weight values do not exist: skip their initialisation, whose data-dependent
+        # draws (a vision tower's truncated normal) a fake tensor cannot run; weights are still tied below
+        fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
         try:
-            with torch.device(self.device), warnings.catch_warnings():
+            with torch.device(self.device), warnings.catch_warnings(), _no_init(fake):
                 warnings.simplefilter("ignore")
                 model = AutoModelForCausalLM.from_config(cfg, **kwargs)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DoolyError(f"transformers cannot build a causal LM for {cfg.model_type!r}: {exc}") from None
+            if fake:
+                model.tie_weights()
+        except ImportError as exc:  # a package the architecture's code imports is not installed (a vision tower's timm)
+            raise DoolyError(f"transformers cannot build {cfg.model_type!r} here: {_first_line(exc)}") from None
+        except (*_config_errors(), AttributeError) as exc:  # AttributeError: a sub-config lacking a field it reads
+            why = _first_line(exc)
+            raise DoolyError(f"transformers cannot build a causal LM for {cfg.model_type!r}: {why}") from None
         model.eval()
         return model
 
