@@ -124,6 +124,9 @@ def default_config(model_type: str) -> dict[str, Any]:
     for key in ("num_hidden_layers", "n_layer", "num_layers"):
         if isinstance(doc.get(key), int):
             doc[key] = min(doc[key], 2)
+    for key, value in list(doc.items()):  # a per-layer pattern follows the depth, as a user's config would
+        if key.endswith("layer_types") and isinstance(value, list) and len(value) > 2:
+            doc[key] = value[:2]
     return doc
 
 

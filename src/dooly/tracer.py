@@ -83,9 +83,11 @@ def _module_tracking(model: torch.nn.Module) -> Iterator[list[str]]:
 MAX_BRANCHES = 8
 
 
-def real_run_failure(engine: Engine, config: Mapping[str, Any], phase: str) -> str | None:
-    """Why a real run of ``engine`` (real tensors, a few tokens) fails in ``phase``, in one line; None if it runs."""
-    shape = {"prefill": RequestShape(2, 5, 0), "decode": RequestShape(2, 1, 7), "chunk": RequestShape(2, 5, 7)}[phase]
+def real_run_failure(engine: Engine, config: Mapping[str, Any], phase: str, values: Mapping[str, int]) -> str | None:
+    """Why a real run of ``engine`` (real tensors, the request ``values``) fails in ``phase``, in one line; None
+    if it runs."""
+    tokens = 1 if phase == "decode" else int(values["tokens"])
+    shape = RequestShape(int(values["requests"]), tokens, int(values.get("kv_len", 0)))
     try:
         with torch.no_grad():
             model = engine.build_model(config)
@@ -165,7 +167,7 @@ def _trace_once(
         # phases. Where the engine's own code fails on real tensors too, there is nothing to trace: one line says
         # so. Any other failure is a tracer bug and keeps its traceback.
         syms.check_specialised()
-        real = real_run_failure(engine, config, phase)
+        real = real_run_failure(engine, config, phase, values)
         if real is not None:
             raise DoolyError(f"the engine cannot run this model's {phase} even on real tensors ({real})") from None
         raise

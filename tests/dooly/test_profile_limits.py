@@ -32,6 +32,7 @@ def test_max_positions_reads_every_spelling() -> None:
     assert max_positions({"max_position_embeddings": 2048}) == 2048
     assert max_positions({"n_positions": 1024, "n_ctx": 1024}) == 1024
     assert max_positions({"text_config": {"max_position_embeddings": 512}}) == 512
+    assert max_positions({"model_type": "mpt", "max_seq_len": 2048}) == 2048  # an ALiBi table of that size
     assert max_positions({"model_type": "rwkv"}) is None
     # a window limits the grid only when every layer slides; a mixed model still attends to everything
     slides = ["sliding_attention"] * 2

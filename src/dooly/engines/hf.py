@@ -143,7 +143,8 @@ class HFEagerEngine(Engine):
                 model.tie_weights()
         except ImportError as exc:  # a package the architecture's code imports is not installed (a vision tower's timm)
             raise DoolyError(f"transformers cannot build {cfg.model_type!r} here: {_first_line(exc)}") from None
-        except (*_config_errors(), AttributeError) as exc:  # AttributeError: a sub-config lacking a field it reads
+        except (*_config_errors(), AttributeError, AssertionError) as exc:  # a sub-config lacking a field it reads,
+            # or a constructor's own assertion on the config (reformer wants is_decoder)
             why = _first_line(exc)
             raise DoolyError(f"transformers cannot build a causal LM for {cfg.model_type!r}: {why}") from None
         model.eval()

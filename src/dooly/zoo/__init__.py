@@ -122,7 +122,8 @@ def max_positions(config: Mapping[str, Any]) -> int | None:
     A window on only some layers, or one the config does not place, is no limit.
     """
     t = _text_fields(config)
-    limits = [int(t[k]) for k in ("max_position_embeddings", "n_positions", "n_ctx") if isinstance(t.get(k), int)]
+    keys = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length")  # mpt: max_seq_len
+    limits = [int(t[k]) for k in keys if isinstance(t.get(k), int)]
     window, types = t.get("sliding_window"), t.get("layer_types")
     if isinstance(window, int) and window > 0 and types and all("sliding" in str(x) for x in types):
         limits.append(window)
