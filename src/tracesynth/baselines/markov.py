@@ -6,7 +6,8 @@
   (previous event, event) transition, falling back to the event type's gaps, then to all gaps;
 - cpu / tid / comm: with the probability observed for that event type the row stays on the previous
   row's (cpu, thread), otherwise it is drawn from that event type's empirical (cpu, thread) mix;
-  thread ids are relabelled 1..N at fit time so no real thread id reaches a synthetic trace;
+  thread ids are relabelled 1..N at fit time so no real thread id reaches a synthetic trace (the idle task,
+  every CPU's tid 0, stays 0);
 - ret: drawn from the event type's empirical return values (null where the type never returns one).
 
 `sample(n, seed, guide="kernel")` draws the same chain one event at a time under the kernel invariants
