@@ -63,32 +63,52 @@ class KernelFacts:
         return cls(conv, list(calls))
 
 
+@dataclass(frozen=True)
+class EventTables:
+    """Per event type of a vocabulary, what the kernel invariants need to know of it."""
+
+    is_entry: np.ndarray  # a paired syscall's entry (calls that never return are not paired)
+    is_exit: np.ndarray
+    call_of: np.ndarray  # the call id of an entry or exit, else -1
+    exit_of_call: np.ndarray  # per call id, its exit's event (-1: none seen)
+    switch: int  # sched_switch's event (-1: not in the vocabulary)
+    closes: np.ndarray  # events that end their thread's stay on the CPU (a switch; under "prev" also an exit)
+
+    @classmethod
+    def of(cls, names: Sequence[str], facts: KernelFacts) -> EventTables:
+        V = len(names)
+        unpaired = set(facts.unpaired_calls)
+        is_entry, is_exit = np.zeros(V, bool), np.zeros(V, bool)
+        call_of = np.full(V, -1, np.int64)
+        calls: dict[str, int] = {}
+        for i, n in enumerate(names):
+            for prefix, flag in ((SYSCALL_ENTRY, is_entry), (SYSCALL_EXIT, is_exit)):
+                if n.startswith(prefix) and n[len(prefix):] not in unpaired:
+                    flag[i] = True
+                    call_of[i] = calls.setdefault(n[len(prefix):], len(calls))
+        exit_of_call = np.full(len(calls) + 1, -1, np.int64)
+        exit_of_call[call_of[is_exit]] = np.flatnonzero(is_exit)
+        switch = list(names).index(SCHED_SWITCH) if SCHED_SWITCH in names else -1
+        closes = np.zeros(V, bool)
+        if switch >= 0:
+            closes[switch] = True
+            if facts.convention == "prev" and SCHED_PROCESS_EXIT in names:
+                closes[list(names).index(SCHED_PROCESS_EXIT)] = True
+        return cls(is_entry, is_exit, call_of, exit_of_call, switch, closes)
+
+
 class KernelGuide:
     """Per-chain kernel state over a token sampler's chains ([b] arrays, one step per event)."""
 
     def __init__(self, codec: ChannelCodec, facts: KernelFacts, chains: int, window: int, snapshot_at: int):
         names = codec.events
         V = len(names)
-        unpaired = set(facts.unpaired_calls)
         self.prev = facts.convention == "prev"
-        self.is_entry = np.zeros(V, bool)
-        self.is_exit = np.zeros(V, bool)
-        self.call_of = np.full(V, -1, np.int64)
-        calls: dict[str, int] = {}
-        for i, n in enumerate(names):
-            for prefix, flag in ((SYSCALL_ENTRY, self.is_entry), (SYSCALL_EXIT, self.is_exit)):
-                if n.startswith(prefix) and n[len(prefix):] not in unpaired:
-                    flag[i] = True
-                    self.call_of[i] = calls.setdefault(n[len(prefix):], len(calls))
-        self.exit_of_call = np.full(len(calls) + 1, -1, np.int64)
-        self.exit_of_call[self.call_of[self.is_exit]] = np.flatnonzero(self.is_exit)
+        ev = EventTables.of(names, facts)
+        self.is_entry, self.is_exit, self.call_of = ev.is_entry, ev.is_exit, ev.call_of
+        self.exit_of_call = ev.exit_of_call
+        self.switch, self.closes = ev.switch, ev.closes
         self.is_sys_exit = np.array([n.startswith(SYSCALL_EXIT) for n in names])
-        self.switch = names.index(SCHED_SWITCH) if SCHED_SWITCH in names else -1
-        self.closes = np.zeros(V, bool)  # events that end their thread's stay on the CPU
-        if self.switch >= 0:
-            self.closes[self.switch] = True
-            if self.prev and SCHED_PROCESS_EXIT in names:
-                self.closes[names.index(SCHED_PROCESS_EXIT)] = True
         self.bad_ret = 2 + len(codec.errnos) + N_POS_BINS  # decodes below -MAX_ERRNO
         self.n_ret = codec.vocab_sizes["ret"]
         self.V = V

@@ -35,7 +35,7 @@ from safetensors.numpy import load_file, save_file
 
 from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
-from tracesynth.events import IDLE_TID, SCHED_PROCESS_EXIT, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
+from tracesynth.events import IDLE_TID
 from tracesynth.trace import Trace
 from tracesynth.vocab import Vocab
 
@@ -238,26 +238,16 @@ class MarkovChain:
         """The chain drawn event by event under the kernel invariants (sched consistency, one CPU per thread,
         syscall pairing): each event as the chain draws it, placed on a CPU and thread where it breaks none;
         redrawn (masked) only where no such place exists."""
-        from tracesynth.guide import CLOSED, NEVER, KernelFacts
+        from tracesynth.guide import CLOSED, NEVER, EventTables, KernelFacts
 
         facts = self.kernel or KernelFacts()
         V, base, mod = len(self.vocab), self._base, self._base**self.order
-        unpaired = set(facts.unpaired_calls)
-        is_entry, is_exit = np.zeros(V, bool), np.zeros(V, bool)
-        call_of, calls = np.full(V, -1, np.int64), {}
-        for i, name in enumerate(self.vocab):
-            for prefix, flag in ((SYSCALL_ENTRY, is_entry), (SYSCALL_EXIT, is_exit)):
-                if name.startswith(prefix) and name[len(prefix):] not in unpaired:
-                    flag[i] = True
-                    call_of[i] = calls.setdefault(name[len(prefix):], len(calls))
-        exit_of = {int(call_of[i]): i for i in np.flatnonzero(is_exit)}
-        switch = self.vocab.index(SCHED_SWITCH) if SCHED_SWITCH in self.vocab else -1
+        tables = EventTables.of(self.vocab, facts)
+        is_entry, is_exit, call_of, exit_of_call = tables.is_entry, tables.is_exit, tables.call_of, tables.exit_of_call
+        switch = tables.switch
         prev_conv = facts.convention == "prev"
-        closes = np.zeros(V, bool)  # events that end their thread's stay on the CPU ("prev" convention)
-        if switch >= 0 and prev_conv:
-            closes[switch] = True
-            if SCHED_PROCESS_EXIT in self.vocab:
-                closes[self.vocab.index(SCHED_PROCESS_EXIT)] = True
+        # events that end their thread's stay; under "next" a switch hands the CPU over instead (below)
+        closes = tables.closes & prev_conv
         syscall = is_entry | is_exit
         uni = self._unigram / self._unigram.sum()
         uk, off, vals = self._thread_by_event  # dense per event type: where its (cpu, thread, comm) draws lie
@@ -265,17 +255,22 @@ class MarkovChain:
         lo[uk], hi[uk] = off[:-1], off[1:]
         threads = self._threads if len(self._threads) else np.full((1, 3), -1, np.int64)
 
+        masks: dict[int, np.ndarray | None] = {}
+
         def allowed(state: int) -> np.ndarray | None:
             """Events a thread may do next: inside a call only non-syscalls and its exit; after an exit no
-            exit; before its first syscall event anything."""
-            if state == NEVER:
-                return None
-            if state == CLOSED:
-                return ~is_exit
-            m = ~syscall
-            if state in exit_of:
-                m[exit_of[state]] = True
-            return m
+            exit; before its first syscall event anything (None). One mask per state, built once."""
+            if state not in masks:
+                if state == NEVER:
+                    masks[state] = None
+                elif state == CLOSED:
+                    masks[state] = ~is_exit
+                else:
+                    m = ~syscall
+                    if exit_of_call[state] >= 0:
+                        m[exit_of_call[state]] = True
+                    masks[state] = m
+            return masks[state]
 
         def pick(p: np.ndarray) -> int:
             return int(min(np.searchsorted(np.cumsum(p) / p.sum(), rng.random(), side="right"), len(p) - 1))
@@ -301,12 +296,8 @@ class MarkovChain:
 
         def ok(t: int, e: int) -> bool:
             """Whether thread t may do event e next (syscall pairing)."""
-            state = open_call.get(t, NEVER)
-            if state == NEVER:
-                return True
-            if state == CLOSED:
-                return not is_exit[e]
-            return not syscall[e] or (is_exit[e] and call_of[e] == state)
+            m = allowed(open_call.get(t, NEVER))
+            return m is None or bool(m[e])
 
         def place(e: int, c: int, t: int, cm: int) -> tuple[int, int, int] | None:
             """Where event e can happen: the drawn (cpu, thread) where the invariants allow it, else a CPU whose
