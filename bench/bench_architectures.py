@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dooly.errors import DoolyError
+from dooly.errors import DoolyError, one_line
 from dooly.tracer import trace_model
 
 PHASES = ("prefill", "decode", "chunk")
@@ -128,11 +128,6 @@ def default_config(model_type: str) -> dict[str, Any]:
         if key.endswith("layer_types") and isinstance(value, list) and len(value) > 2:
             doc[key] = value[:2]
     return doc
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def sweep(

@@ -33,7 +33,7 @@ import sympy
 import torch
 
 from dooly.engines import Engine, RequestShape, get_engine
-from dooly.errors import DoolyError
+from dooly.errors import DoolyError, one_line
 from dooly.signature import PHASES, ModelTrace, OpRecord, layer_of
 from dooly.taint import OpRecorder, RequestSymbols, SpecialisedError, render_guard
 
@@ -93,8 +93,7 @@ def real_run_failure(engine: Engine, config: Mapping[str, Any], phase: str, valu
             model = engine.build_model(config)
             engine.forward(model, engine.prepare(model, shape))
     except Exception as exc:  # noqa: BLE001 - any failure of the engine's own code is the answer
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+        return one_line(exc)
     return None
 
 

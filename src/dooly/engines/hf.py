@@ -19,13 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from dooly.engines.base import Engine, RequestShape
-from dooly.errors import DoolyError
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception as one line (its type and first two lines) for a DoolyError."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {' '.join(lines[:2])}"[:300] if lines else type(exc).__name__
+from dooly.errors import DoolyError, one_line
 
 
 @contextmanager
@@ -112,7 +106,7 @@ class HFEagerEngine(Engine):
                 warnings.simplefilter("ignore")
                 cfg = AutoConfig.for_model(model_type, **fields)
         except _config_errors() as exc:
-            raise DoolyError(f"transformers cannot build a {model_type!r} config: {_first_line(exc)}") from None
+            raise DoolyError(f"transformers cannot build a {model_type!r} config: {one_line(exc, lines=2)}") from None
         if num_layers is not None:
             total = cfg.num_hidden_layers
             if not 1 <= num_layers <= total:
@@ -142,10 +136,10 @@ class HFEagerEngine(Engine):
             if fake:
                 model.tie_weights()
         except ImportError as exc:  # a package the architecture's code imports is not installed (a vision tower's timm)
-            raise DoolyError(f"transformers cannot build {cfg.model_type!r} here: {_first_line(exc)}") from None
+            raise DoolyError(f"transformers cannot build {cfg.model_type!r} here: {one_line(exc, lines=2)}") from None
         except (*_config_errors(), AttributeError, AssertionError) as exc:  # a sub-config lacking a field it reads,
             # or a constructor's own assertion on the config (reformer wants is_decoder)
-            why = _first_line(exc)
+            why = one_line(exc, lines=2)
             raise DoolyError(f"transformers cannot build a causal LM for {cfg.model_type!r}: {why}") from None
         model.eval()
         return model
