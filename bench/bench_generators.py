@@ -17,6 +17,15 @@ block. Every generator fits on the training block (the neural ones for the same 
 - sample ev/s: sampling throughput (raw sample, before repair);
 - and per generator the rules broken most often (share of the sample's events breaking each).
 
+- auc: same-phase discriminator AUC (`tracesynth.evaluate.tasks.same_phase_discriminator`): a classifier
+  tells real windows of the training block from the sample's, scored on interleaved time blocks it did not
+  train on; on the `real` row it is real-vs-real from the same block, the floor a sample can reach.
+
+`--load models/all` scores a saved conditional model (`make models`, `scripts/train_models.py`) instead of
+fitting neural ones: on each trace it was trained on, the training block is the part it learned (its
+`history.training`, the first 70% of the events; the file's sha256 must match) and the test block the rest,
+Markov-4 is fitted on that same block, and the model samples each workload (rows `ar[all]`, `ar[all]+guided`).
+
 `ar` and `markov4` are sampled twice from one fit: unguided (rows `ar`, `markov4`) and kept within the kernel
 invariants (`ar+guided`, `markov4+guided`).
 `--sample-steps 64 256 256:confidence` samples the masked model once per setting from the same fit
@@ -24,11 +33,13 @@ invariants (`ar+guided`, `markov4+guided`).
 
     .venv/bin/python bench/bench_generators.py --workloads scimark2 sqlite fio --train-seconds 300
     .venv/bin/python bench/bench_generators.py --quick          # 60 s per model, 2 workloads
+    .venv/bin/python bench/bench_generators.py --load models/all  # the shipped checkpoint vs Markov-4
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -46,8 +57,9 @@ from tracesynth.constraints import check_trace, mine_rules, repair_trace  # noqa
 from tracesynth.evaluate.classifier import ClassifierConfig  # noqa: E402
 from tracesynth.evaluate.experiments import prepare_workload  # noqa: E402
 from tracesynth.evaluate.metrics import memorisation, ngram_jsd  # noqa: E402
-from tracesynth.evaluate.tasks import next_event_scores  # noqa: E402
-from tracesynth.evaluate.windows import Split  # noqa: E402
+from tracesynth.evaluate.tasks import next_event_scores, same_phase_discriminator  # noqa: E402
+from tracesynth.evaluate.windows import Split, make_windows  # noqa: E402
+from tracesynth.generator import load_generator  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
 from tracesynth.masked import UNMASK, MaskedConfig, MaskedDiffusion  # noqa: E402
 from tracesynth.splits import split_by_time  # noqa: E402
@@ -75,7 +87,7 @@ def _generators(args) -> dict[str, object]:
 def _samplings(gname: str, args) -> list[tuple[str, dict]]:
     """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps,
     ar and markov4 unguided and guided by the kernel invariants."""
-    if gname in ("ar", "markov4"):
+    if gname.split("[")[0] in ("ar", "markov4"):
         return [(gname, {"guide": "none"}), (f"{gname}+guided", {"guide": "kernel"})]
     if gname != "masked":
         return [(gname, {})]
@@ -92,37 +104,42 @@ def _top_rules(report, k: int = 4) -> str:
     return ", ".join(f"{r} {n / max(report.events, 1):.1%}" for n, r in top) or "none"
 
 
-def bench_trace(name: str, trace, args) -> list[dict]:
+def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: str | None = None) -> list[dict]:
+    """Fit (all but the `loaded` one, already trained), sample and score every generator on one trace's
+    training / test blocks."""
     t_setup = time.perf_counter()
-    trace = trace.slice(args.skip, args.skip + args.max_events)
-    train, test = split_by_time(trace, (0.7, 0.3))
     rules = mine_rules([train])
     wd = prepare_workload(name, Split(train, train.slice(0, 0), test), context=64, max_test=4000)
     clf = ClassifierConfig()
     n_ev = len(wd.vocab)
+    real_windows = make_windows(train, wd.vocab, wd.context)  # the discriminator's real side: the training block
     rows = []
     real_f1 = next_event_scores(wd.windows(train, stride=4), wd.test, n_ev, clf)["macro_f1"]
     rows.append({"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate})
     print(f"{name}: {len(train):,} training / {len(test):,} test events; rules, real F1: "
           f"{time.perf_counter() - t_setup:.0f} s", flush=True)
-    for gname, gen in _generators(args).items():
+    samples = {}
+    for gname, gen in gens.items():
         t0 = time.perf_counter()
-        gen.fit([train])
-        fit_s = time.perf_counter() - t0
+        if gname != loaded:
+            gen.fit([train])
+        fit_s = time.perf_counter() - t0 if gname != loaded else gen.fit_info.get("train_seconds")
         info = gen.fit_info
         train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
         for rname, setting in _samplings(gname, args):
             config = getattr(gen, "config", None)  # token models keep sampler settings in their config
             for k, v in setting.items() if config is not None else ():
                 setattr(config, k, v)
+            extra = {"workload": name} if gname == loaded and getattr(gen, "workloads", None) else {}
             t0 = time.perf_counter()
-            raw = gen.sample(args.events, seed=0, **(setting if config is None else {}))
+            raw = gen.sample(args.events, seed=0, **(setting if config is None else {}), **extra)
             sample_s = time.perf_counter() - t0
             t_eval = time.perf_counter()
             _, rep = repair_trace(raw, rules, seed=0)
             mem = memorisation(raw, train, 128)
             f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
             check = check_trace(raw, rules)
+            samples[rname] = make_windows(raw, wd.vocab, wd.context)
             rows.append({
                 "trace": name, "generator": rname, "fit_s": fit_s, "steps": info.get("train_steps"),
                 "train_ev_s": train_ev_s, "sample_ev_s": len(raw) / max(sample_s, 1e-9),
@@ -133,8 +150,32 @@ def bench_trace(name: str, trace, args) -> list[dict]:
             print(_fmt(rows[-1]), flush=True)
             print(f"{'':24s}rules broken most: {_top_rules(check)}; scored in {time.perf_counter() - t_eval:.0f} s",
                   flush=True)
+    # one discriminator run for every sample, so all share the real-vs-real reference and the window budget
+    auc = same_phase_discriminator(real_windows, samples, n_ev, clf, seed=0, gap=wd.context, max_windows=2000)
+    rows[0]["auc"] = auc["reference"]
+    for r in rows[1:]:
+        r["auc"] = auc[r["generator"]]
+    print(f"discriminator AUC (same phase; real vs real {auc['reference']:.3f}): "
+          + ", ".join(f"{r['generator']} {r['auc']:.3f}" for r in rows[1:]), flush=True)
     print(_fmt(rows[0]), flush=True)
     return rows
+
+
+def _loaded_traces(model_dir: Path) -> list[tuple[str, object, object]]:
+    """(workload, training block, test block) of each trace a `scripts/train_models.py` model learned."""
+    gen = load_generator(model_dir)
+    training = (getattr(gen, "history", {}) or {}).get("training")
+    if not training:
+        sys.exit(f"{model_dir}: no training record (history.training): not written by scripts/train_models.py")
+    out = []
+    for d in training["data"]:
+        path = REPO / "data" / d["file"]
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != d["sha256"]:
+            sys.exit(f"{path}: missing or not the file {model_dir} was trained on (sha256 differs)")
+        trace = read_trace(path)
+        k = int(d["train_events"])
+        out.append((d["workload"], trace.slice(0, k), trace.slice(k)))
+    return out
 
 
 def _fmt(r: dict) -> str:
@@ -144,7 +185,8 @@ def _fmt(r: dict) -> str:
 
     return (f"{r['trace']:10s} {r['generator']:12s} viol {f('rule_viol', '.3%'):>7s} "
             f"edit {f('repair_edit', '.3%'):>7s} "
-            f"jsd3 {f('jsd3', '.3f'):>5s} copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
+            f"jsd3 {f('jsd3', '.3f'):>5s} auc {f('auc', '.3f'):>5s} "
+            f"copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
             f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} train {f('train_ev_s', ',.0f'):>9s} ev/s "
             f"sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
 
@@ -170,6 +212,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    ap.add_argument("--load", type=Path, default=None,
+                    help="score this saved conditional model (scripts/train_models.py) against Markov-4 on the "
+                         "blocks it was trained / not trained on, instead of fitting the neural generators; "
+                         "--workloads all (or names) picks its traces")
     args = ap.parse_args()
     if args.quick:
         args.workloads, args.train_seconds, args.events = args.workloads[:2], 60, 10000
@@ -177,11 +223,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(f"torch threads {torch.get_num_threads()}; {args.train_seconds:.0f} s training per neural model")
     rows = []
-    traces = [(w, read_trace(REPO / "data" / f"{w}.parquet")) for w in args.workloads]
-    if args.lttng and LTTNG.exists():
-        traces.append(("lttng-wget", read_trace(LTTNG)))
-    for name, t in traces:
-        rows += bench_trace(name, t, args)
+    if args.load:
+        loaded = load_generator(args.load)
+        print(f"{args.load}: {loaded.name}, {loaded.n_params:,} weights, {loaded.fit_info.get('train_steps')} steps",
+              flush=True)
+        for name, train, test in _loaded_traces(args.load):
+            if name in args.workloads or args.workloads == ["all"]:
+                gens = {"markov4": MarkovChain(order=4), f"{loaded.name}[{args.load.name}]": loaded}
+                rows += bench_trace(name, train, test, gens, args, loaded=f"{loaded.name}[{args.load.name}]")
+    else:
+        traces = [(w, read_trace(REPO / "data" / f"{w}.parquet")) for w in args.workloads]
+        if args.lttng and LTTNG.exists():
+            traces.append(("lttng-wget", read_trace(LTTNG)))
+        for name, t in traces:
+            t = t.slice(args.skip, args.skip + args.max_events)
+            rows += bench_trace(name, *split_by_time(t, (0.7, 0.3)), _generators(args), args)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 
