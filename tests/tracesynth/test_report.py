@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from tracesynth.cli import app
 from tracesynth.errors import TraceSynthError
 from tracesynth.evaluate.pipeline import load_config, run_pipeline
+from tracesynth.io import read_trace
 from tracesynth.report import load_results, write_report
 from tracesynth.trace import Trace
 
@@ -151,3 +152,43 @@ def test_unknown_regime_is_one_clear_error(tiny_config: dict, tmp_path: Path) ->
     with pytest.raises(TraceSynthError, match="unknown regime"):
         run_pipeline(dict(tiny_config, regimes={"only": ["real", "mixed_up"]}), tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_pipeline_samples_a_saved_model_without_fitting_it(tiny_config: dict, tmp_path: Path) -> None:
+    """A generator spec with "load" (as the demo's shipped models/all) is sampled per workload, not fitted,
+    and stays out of the scarce-data curve (it learned more than any budget)."""
+    from tracesynth.autoregressive import ARConfig, Autoregressive
+
+    torch.set_num_threads(1)
+    traces = [read_trace(p if isinstance(p, str) else p["path"]) for p in tiny_config["traces"]]
+    cfg = ARConfig(context=16, d_model=16, n_layers=1, n_heads=2, steps=3, conditional=True, chains=2)
+    Autoregressive(cfg).fit(traces).save(tmp_path / "model")
+    gens = {"markov": {"kind": "markov", "order": 2}, "ar": {"kind": "ar", "load": str(tmp_path / "model")}}
+    run_pipeline(dict(tiny_config, seeds=[0], generators=gens), tmp_path / "out")
+    res = load_results(tmp_path / "out")
+    t = res["tables"]
+    assert {r["generator"] for r in t["discriminator"]} == {"markov", "ar"}
+    assert {r["train_on"] for r in t["workload_id"]} == {"real", "markov", "ar"}
+    assert {r["generator"] for r in t["scarce"]} == {"-", "markov"}
+    ar_fit = [r for r in t["generators"] if r["generator"] == "ar"]
+    assert len(ar_fit) == 2 and all(r["fit_s"] < 5 for r in ar_fit)  # loaded, not trained
+    # a spec whose kind is not the saved model's fails before any work
+    bad = dict(tiny_config, generators={"m": {"kind": "masked", "load": str(tmp_path / "model")}})
+    with pytest.raises(TraceSynthError, match="is of kind ar, not masked"):
+        run_pipeline(bad, tmp_path / "o2")
+    assert not (tmp_path / "o2").exists()
+
+
+def test_demo_retrain_fits_the_saved_models_config_per_workload(tmp_path: Path) -> None:
+    """`tracesynth demo --retrain S` turns a "load" spec into a fit of the same network for S seconds."""
+    from tracesynth.autoregressive import ARConfig, Autoregressive
+    from tracesynth.cli.demo import _retrain_config
+
+    trace = read_trace(workload_trace(tmp_path / "alpha.parquet", ["a", "b", "c"], 0))
+    cfg = ARConfig(context=16, d_model=16, n_layers=1, n_heads=2, steps=2, conditional=True)
+    Autoregressive(cfg).fit([trace]).save(tmp_path / "m")
+    got = _retrain_config({"_base": str(tmp_path)}, "m", 7.0)
+    assert got["d_model"] == 16 and got["context"] == 16 and got["time_limit"] == 7.0
+    assert got["conditional"] is False and got["steps"] >= 10**9
+    with pytest.raises(TraceSynthError, match="cannot read the model config"):
+        _retrain_config({"_base": str(tmp_path)}, "nothing-here", 7.0)

@@ -25,7 +25,7 @@ from tracesynth.evaluate import metrics
 from tracesynth.evaluate.classifier import ClassifierConfig
 from tracesynth.evaluate.tasks import next_event_scores, same_phase_discriminator, workload_id_scores
 from tracesynth.evaluate.windows import Split, Vocab, Windows, dedup, make_windows, recent, subsample
-from tracesynth.generator import make_generator
+from tracesynth.generator import load_generator, make_generator
 from tracesynth.trace import Trace
 
 REGIMES = ("real", "half_real", "mix_unrepaired", "mix_repaired", "synthetic_only")
@@ -47,16 +47,32 @@ class Synthetic:
 
 
 def fit_and_sample(
-    spec: Mapping[str, Any], train: Trace, n_events: int, seed: int, rules: Any = None, fit_events: int | None = None
+    spec: Mapping[str, Any],
+    train: Trace,
+    n_events: int,
+    seed: int,
+    rules: Any = None,
+    fit_events: int | None = None,
+    workload: str | None = None,
 ) -> Synthetic:
     """Fit a generator on `train` (optionally only its most recent `fit_events`), sample, and repair
-    the sample with `rules` (three separate steps, each timed)."""
-    gen = make_generator(spec)
-    fit_trace = train if not fit_events or len(train) <= fit_events else train.slice(len(train) - fit_events)
-    t0 = time.perf_counter()
-    gen.fit([fit_trace])
-    t1 = time.perf_counter()
-    raw = gen.sample(n_events, seed=seed)
+    the sample with `rules` (three separate steps, each timed). A spec with "load" (a saved model
+    directory, e.g. the shipped `models/all`) is sampled as it is, not fitted: of `workload` where it
+    is conditional."""
+    if spec.get("load"):
+        t0 = time.perf_counter()
+        gen = load_generator(spec["load"])
+        fit_trace = train  # the discriminator's real side; the model itself learned the period it records
+        conditional = workload is not None and bool(getattr(gen, "workloads", None))
+        t1 = time.perf_counter()
+        raw = gen.sample(n_events, seed=seed, **({"workload": workload} if conditional else {}))
+    else:
+        gen = make_generator(spec)
+        fit_trace = train if not fit_events or len(train) <= fit_events else train.slice(len(train) - fit_events)
+        t0 = time.perf_counter()
+        gen.fit([fit_trace])
+        t1 = time.perf_counter()
+        raw = gen.sample(n_events, seed=seed)
     t2 = time.perf_counter()
     repaired = None if rules is None else repair_trace(raw, rules, seed=seed)[0]
     repair_s = time.perf_counter() - t2 if rules is not None else 0.0
@@ -263,6 +279,8 @@ def scarce_rows(
             continue
         samples: dict[str, dict[int, Windows]] = {}
         for g, spec in specs.items():
+            if spec.get("load"):  # a trained model learned far more than the budget: not a scarce-data point
+                continue
             try:
                 s = fit_and_sample(spec, real_tr, len(real_tr) * max(multipliers), seed=0, rules=wd.rules)
             except TraceSynthError as exc:  # e.g. a budget shorter than the model's context

@@ -33,7 +33,7 @@ from tracesynth.evaluate import experiments as ex
 from tracesynth.evaluate.classifier import ClassifierConfig
 from tracesynth.evaluate.plots import plot_data
 from tracesynth.evaluate.windows import Vocab, split_trace
-from tracesynth.generator import make_generator
+from tracesynth.generator import make_generator, saved_kind
 from tracesynth.jsonable import jsonable
 from tracesynth.report import SWEEP_VALUES, results_markdown, write_report
 from tracesynth.tables import cell, columns
@@ -43,7 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "name": "pipeline",
     "comment": None,  # free text (e.g. what an experiment config cut to fit its time budget)
     "traces": None,  # list of paths or {"path", "workload"}; None: the shipped dataset (data/)
-    "data": {"dir": "data", "workloads": None, "max_events": 60000, "skip_events": 0},
+    # start_fraction: the slice begins after this share of each trace's events (0.7: the part the shipped
+    # checkpoint models/all never saw), then skip_events more
+    "data": {"dir": "data", "workloads": None, "max_events": 60000, "skip_events": 0, "start_fraction": 0.0},
     "split": [0.8, 0.1, 0.1],
     "context": 128,
     "seeds": [0, 1],
@@ -99,7 +101,7 @@ def load_config(config: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _resolve(p: str | Path, base: str) -> Path:
+def resolve_path(p: str | Path, base: str) -> Path:
     p = Path(p)
     if p.is_absolute() or p.exists():
         return p
@@ -113,18 +115,19 @@ def _resolve(p: str | Path, base: str) -> Path:
 
 
 def load_sources(cfg: Mapping[str, Any]) -> dict[str, Trace]:
-    """workload name -> real trace (one contiguous slice of at most data.max_events events)."""
+    """workload name -> real trace (one contiguous slice of at most data.max_events events, from
+    data.start_fraction of the trace's events plus data.skip_events on)."""
     from tracesynth.io import read_trace
 
     entries: list[tuple[Path, str | None]] = []
     if cfg.get("traces"):
         for e in cfg["traces"]:
             if isinstance(e, Mapping):
-                entries.append((_resolve(e["path"], cfg["_base"]), e.get("workload")))
+                entries.append((resolve_path(e["path"], cfg["_base"]), e.get("workload")))
             else:
-                entries.append((_resolve(e, cfg["_base"]), None))
+                entries.append((resolve_path(e, cfg["_base"]), None))
     else:
-        d = _resolve(cfg["data"]["dir"], cfg["_base"])
+        d = resolve_path(cfg["data"]["dir"], cfg["_base"])
         manifest = d / "manifest.json"
         if manifest.is_file():
             entries = _manifest_entries(manifest)
@@ -134,6 +137,9 @@ def load_sources(cfg: Mapping[str, Any]) -> dict[str, Trace]:
             raise TraceSynthError("no traces: the dataset directory holds no manifest.json or *.parquet", d)
     want = cfg["data"].get("workloads")
     skip, cap = int(cfg["data"].get("skip_events") or 0), cfg["data"].get("max_events")
+    start = float(cfg["data"].get("start_fraction") or 0.0)
+    if not 0.0 <= start < 1.0:
+        raise TraceSynthError(f"data.start_fraction must be in [0, 1), got {start}")
     out: dict[str, Trace] = {}
     for path, name in entries:
         if not path.exists():
@@ -146,8 +152,9 @@ def load_sources(cfg: Mapping[str, Any]) -> dict[str, Trace]:
             continue
         if name in out:  # one recording per workload keeps time contiguous
             continue
-        stop = len(trace) if not cap else min(len(trace), skip + int(cap))
-        out[name] = trace.slice(min(skip, len(trace)), stop)
+        first = min(len(trace), int(round(start * len(trace))) + skip)
+        stop = len(trace) if not cap else min(len(trace), first + int(cap))
+        out[name] = trace.slice(first, stop)
     if not out:
         raise TraceSynthError(f"no traces left after choosing workloads {want}")
     return out
@@ -317,6 +324,12 @@ def generator_specs(cfg: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         raise TraceSynthError("no generator to evaluate (the config's generators is empty)")
     for spec in specs.values():
         make_generator(spec)
+        if spec.get("load"):  # a trained model (e.g. the shipped models/all), sampled without fitting
+            spec["load"] = str(resolve_path(spec["load"], cfg["_base"]))
+            kind = saved_kind(spec["load"])
+            if kind.name != spec.get("kind"):
+                raise TraceSynthError(f"generator {spec['name']}: the model saved there is of kind {kind.name}, "
+                                      f"not {spec.get('kind')}", Path(spec["load"]))
     return specs
 
 
@@ -348,7 +361,8 @@ def generate(run: _Run, sources: Mapping[str, Trace], specs: Mapping[str, Mappin
             run.describe(task, f"fit + sample + repair: {g} on {wl}")
             n = int(spec.get("sample_events") or n_sample)
             try:
-                s = ex.fit_and_sample(spec, split.train, n, seed=0, rules=rules, fit_events=spec.get("fit_events"))
+                s = ex.fit_and_sample(spec, split.train, n, seed=0, rules=rules, fit_events=spec.get("fit_events"),
+                                      workload=wl)
             except TraceSynthError as exc:  # e.g. a workload shorter than the model's context
                 run.note(f"{g} on {wl} failed: {exc}")
                 run.advance(task)
