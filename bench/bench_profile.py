@@ -68,9 +68,10 @@ def point_counts(plan) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-
             sum(plan.grid_size[k] for k in union))  # fmt: skip
 
 
-def realistic(store, engine, threads: int, budgets: list[int]) -> None:  # type: ignore[no-untyped-def]
+def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[float] = ()) -> None:  # type: ignore[no-untyped-def]
     """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo, with
-    exact reuse and with the shape model at each of ``budgets`` (signatures measured per model)."""
+    exact reuse and with the shape model at each of ``budgets`` (signatures measured per model) and of
+    ``budget_s`` (device-seconds caps for the whole list, as `dooly profile --budget-seconds`)."""
     from dooly.profiler.budget import triage
     from dooly.zoo import REALISTIC_GROUPS, list_models, realistic_list
 
@@ -87,11 +88,12 @@ def realistic(store, engine, threads: int, budgets: list[int]) -> None:  # type:
               f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
               f"({100 * (1 - with_p / alone_p):.1f}% saved)")  # fmt: skip
         print(f"  device-s, exact reuse: {sv.describe()}")
-        for budget in budgets:
-            measure = set(tr.uncovered) | set(tr.least_certain(budget * len(plan.models)))
-            predicted = set(tr.covered) - measure
+        caps = [(f"--budget {b}/model", tr.least_certain(b * len(plan.models))) for b in budgets]
+        caps += [(f"--budget-seconds {s:g}", tr.within_seconds(s)) for s in budget_s]
+        for flag, chosen in caps:
+            predicted = set(tr.covered) - set(chosen)
             shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
-            print(f"  + shape model, --budget {budget}/model: {shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% "
+            print(f"  + shape model, {flag}: {shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% "
                   f"saved); device-s {savings(plan, store, predicted).describe()}; {len(tr.uncovered)} signatures "
                   f"of kinds never profiled here measured")  # fmt: skip
 
@@ -104,7 +106,7 @@ def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
 
 
 def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budgets: list[int],  # type: ignore[no-untyped-def]
-           profile_outside: bool = False, outside: list[str] | None = None) -> None:
+           profile_outside: bool = False, outside: list[str] | None = None, budget_s: list[float] = ()) -> None:
     """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
     from dooly.errors import DoolyError
     from dooly.predictor import own_signatures
@@ -141,10 +143,11 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
                 own = own_signatures(store, ctx, name, model_traces(name, cfg, engine, store))
                 plan = make_plan([m or cfg], store, engine, threads=threads)
                 tr = triage(plan, store, hidden=own)
-            for budget in budgets:
-                unmeasured = set(tr.covered) - set(tr.least_certain(budget))
-                preds[f"budget {budget}"] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
-                                                                 unmeasured=unmeasured)  # fmt: skip
+            caps = [(f"budget {b}", tr.least_certain(b)) for b in budgets]
+            caps += [(f"budget {s:g} device-s", tr.within_seconds(s)) for s in budget_s]
+            for label, chosen in caps:
+                preds[label] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
+                                                   unmeasured=set(tr.covered) - set(chosen))  # fmt: skip
         if not preds:  # kinds never profiled here: measure only those (--budget 0), predict the rest from shape
             with ProfileStore(store_path) as store:
                 plan = make_plan([m or cfg], store, engine, threads=threads)
@@ -184,6 +187,8 @@ def main() -> None:
     ap.add_argument("--shapes", action="store_true", help="exact vs zero-new-points vs budget MAPE, OUTSIDE configs")
     ap.add_argument("--budget", type=int, nargs="+", default=[10],
                     help="signatures measured per model beyond uncovered kinds (several: one figure each)")
+    ap.add_argument("--budget-seconds", type=float, nargs="*", default=[],
+                    help="device-seconds caps (the whole list with --realistic, each model with --shapes)")
     ap.add_argument("--no-profile", action="store_true", help="do not profile --models first (use the DB as it is)")
     ap.add_argument("--profile-outside", action="store_true", help="with --shapes: profile the OUTSIDE configs too")
     ap.add_argument("--outside", nargs="*", default=None, choices=sorted(OUTSIDE),
@@ -196,10 +201,10 @@ def main() -> None:
     if args.no_profile:
         with ProfileStore(args.db) as store:
             if args.realistic:
-                realistic(store, engine, args.threads, args.budget)
+                realistic(store, engine, args.threads, args.budget, args.budget_seconds)
         if args.shapes:
             shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
-                   args.budget, args.profile_outside, args.outside)
+                   args.budget, args.profile_outside, args.outside, args.budget_seconds)
         return
 
     with ProfileStore(args.db) as store:
@@ -253,10 +258,10 @@ def main() -> None:
 
     if args.realistic:
         with ProfileStore(args.db) as store:
-            realistic(store, engine, args.threads, args.budget)
+            realistic(store, engine, args.threads, args.budget, args.budget_seconds)
     if args.shapes:
         shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
-               args.budget, args.profile_outside, args.outside)
+               args.budget, args.profile_outside, args.outside, args.budget_seconds)
 
     if args.zoo:
         from dooly.zoo import list_models

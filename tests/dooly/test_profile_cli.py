@@ -160,7 +160,19 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     assert found, text
     reused, new, covered, uncovered = map(int, found.groups())
     assert (new, covered, uncovered) == (5, 4, 1) and reused > 0
-    assert "--budget 1: measure 2 signatures (1 uncovered + 1 least certain), predict 3 from shape" in text
+    assert re.search(r"--budget 1: measure 2 signatures \(1 uncovered \+ 1 least certain; about [\d.]+ device-s "
+                     r"predicted\), predict 3 from shape", text), text
+    # a device-time cap: 0 s measures only what no shape model covers (and says the cap is exceeded), a large
+    # one measures everything; a count and a cap together are refused
+    res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget-seconds", "0"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "--budget-seconds 0: measure 1 signatures (1 uncovered + 0 least certain" in text
+    assert "more than --budget-seconds 0: they are measured anyway" in text
+    res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget-seconds", "1e6"])
+    assert "measure 5 signatures (1 uncovered + 4 least certain" in " ".join(res.output.split()), res.output
+    res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget", "1",
+                              "--budget-seconds", "5"])  # fmt: skip
+    assert res.exit_code != 0 and "not both" in str(res.exception)
     res = runner.invoke(app, ["profile", str(b), "--db", str(db), "--grid", "tiny", "--no-calibrate", "--budget", "1"])
     assert res.exit_code == 0, res.output
     assert "3 signatures left to the shape model" in " ".join(res.output.split())
@@ -186,3 +198,15 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     predicted = {f.signature.op for fills in held.shape_predicted.values() for f in fills}
     assert predicted == {"aten.linear.default"}
     assert sum(len(f) for f in held.shape_predicted.values()) == 4  # tiny-b's four own linears, one measured
+
+
+def test_budget_seconds_takes_the_least_certain_that_fit_after_the_uncovered() -> None:
+    from dooly.profiler.budget import ShapeTriage
+
+    tr = ShapeTriage(reused=set(), uncovered={"u"}, covered={"a": 9.0, "b": 5.0, "c": 1.0},
+                     cost_s={"u": 2.0, "a": 4.0, "b": 10.0, "c": 3.0})  # fmt: skip
+    assert tr.uncovered_s == 2.0
+    assert tr.within_seconds(1.0) == []  # the uncovered one already spends more than the cap
+    assert tr.within_seconds(6.0) == ["a"]  # a (4 s) fits after u (2 s); b and c no longer do
+    assert tr.within_seconds(9.0) == ["a", "c"]  # b (10 s) is skipped, the cheaper c after it still fits
+    assert tr.within_seconds(100.0) == ["a", "b", "c"]

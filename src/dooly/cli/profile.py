@@ -30,6 +30,11 @@ _BUDGET = typer.Option(
     "the rest are predicted from shape (validate with --shape). Signatures no shape model covers are always "
     "measured. Default: measure every new signature.",
 )  # fmt: skip
+_BUDGET_S = typer.Option(
+    None, "--budget-seconds", min=0.0, metavar="S",
+    help="As --budget, but a cap on predicted profiling device time: the signatures no shape model covers are "
+    "measured first, then the least certain of the rest while their predicted cost fits in S seconds.",
+)  # fmt: skip
 
 
 def _setup(device: str, dtype: str, threads: int | None, engine: str = DEFAULT_ENGINE):  # type: ignore[no-untyped-def]
@@ -94,15 +99,19 @@ def _print_savings(plan, store, predicted=()) -> None:  # type: ignore[no-untype
               f"{len(plan.known)} signatures already in the DB")  # fmt: skip
 
 
-def _triage(plan, store, budget: int | None):  # type: ignore[no-untyped-def]
+def _triage(plan, store, budget: int | None, budget_s: float | None = None):  # type: ignore[no-untyped-def]
     """Print what the plan reuses exactly, what it can predict from shape alone and what it must measure;
-    return the signatures left to the shape model under ``budget`` (none without one)."""
+    return the signatures left to the shape model under ``budget`` (a count) or ``budget_s`` (device seconds;
+    none without either)."""
     import numpy as np
 
+    from dooly.errors import DoolyError
     from dooly.profiler.budget import triage
 
+    if budget is not None and budget_s is not None:
+        raise DoolyError("give --budget (signatures) or --budget-seconds (device time), not both")
     tr = triage(plan, store)
-    measure = tr.least_certain(budget)
+    measure = tr.least_certain(budget) if budget_s is None else tr.within_seconds(budget_s)
     predicted = set(tr.covered) - set(measure)
     new = len(tr.covered) + len(tr.uncovered)
     shared = sum(1 for k in plan.grid_size if k not in plan.known) - new
@@ -113,10 +122,15 @@ def _triage(plan, store, budget: int | None):  # type: ignore[no-untyped-def]
               f"kinds never profiled here (must be measured)")  # fmt: skip
     if shared:
         out.print(f"  ({shared} of the new signatures are shared by several models of the list: measured once)")
-    if budget is not None:
-        out.print(f"--budget {budget}: measure {len(tr.uncovered) + len(measure)} signatures "
-                  f"({len(tr.uncovered)} uncovered + {len(measure)} least certain), predict {len(predicted)} "
-                  f"from shape")  # fmt: skip
+    if budget is not None or budget_s is not None:
+        flag = f"--budget {budget}" if budget_s is None else f"--budget-seconds {budget_s:g}"
+        spent = tr.uncovered_s + sum(tr.cost_s.get(k, 0.0) for k in measure)
+        out.print(f"{flag}: measure {len(tr.uncovered) + len(measure)} signatures "
+                  f"({len(tr.uncovered)} uncovered + {len(measure)} least certain; about {spent:.1f} device-s "
+                  f"predicted), predict {len(predicted)} from shape")  # fmt: skip
+        if budget_s is not None and tr.uncovered_s > budget_s:
+            out.print(f"  the uncovered signatures alone are predicted to take {tr.uncovered_s:.1f} device-s, "
+                      f"more than --budget-seconds {budget_s:g}: they are measured anyway")  # fmt: skip
     return predicted
 
 
@@ -130,6 +144,7 @@ def plan_cmd(
     grid: str = _GRID,
     engine_name: str = _ENGINE,
     budget: int | None = _BUDGET,
+    budget_s: float | None = _BUDGET_S,
 ) -> None:
     """Print what profiling MODELS would measure, what it reuses exactly, what it can predict from shape
     alone, and the cost with vs without reuse."""
@@ -143,11 +158,12 @@ def plan_cmd(
         if ok:
             plan = make_plan(ok, store, engine, grid_spec, threads)
             _print_savings(plan, store)
-            predicted = _triage(plan, store, budget)
+            predicted = _triage(plan, store, budget, budget_s)
             if predicted:
+                flag = f"--budget {budget}" if budget_s is None else f"--budget-seconds {budget_s:g}"
                 left = plan.without(predicted)
-                out.print(f"with --budget {budget}: {len(left.jobs)} jobs, {left.todo_points} points to time")
-                out.print(f"profiling cost with --budget {budget}: {savings(plan, store, predicted).describe()}")
+                out.print(f"with {flag}: {len(left.jobs)} jobs, {left.todo_points} points to time")
+                out.print(f"profiling cost with {flag}: {savings(plan, store, predicted).describe()}")
     _fail_if(failed)
 
 
@@ -165,6 +181,7 @@ def profile_cmd(
     ),
     engine_name: str = _ENGINE,
     budget: int | None = _BUDGET,
+    budget_s: float | None = _BUDGET_S,
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
     from dooly.profiler import calibrate, failures, make_plan, run_plan
@@ -179,8 +196,8 @@ def profile_cmd(
             _fail_if(failed)  # inside the store: a DB this run created, with nothing measured, is removed
         plan = make_plan(models, store, engine, grid_spec, threads)
         predicted: set[str] = set()
-        if budget is not None:
-            predicted = _triage(plan, store, budget)
+        if budget is not None or budget_s is not None:
+            predicted = _triage(plan, store, budget, budget_s)
             plan = plan.without(predicted)
         total_sigs = len(plan.grid_size)
         err.print(f"{total_sigs} unique signatures; {len(plan.known)} skipped as already in the DB; "
