@@ -3,7 +3,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test demo lint bench clean fuzz
+.PHONY: setup test demo lint bench clean fuzz models
 
 setup:
 	@bash scripts/setup.sh
@@ -14,6 +14,10 @@ test: setup
 demo: setup
 	$(BIN)/tracesynth demo
 	$(BIN)/dooly demo
+
+# Retrain the shipped checkpoint models/all (30 min on one core; see models/README.md).
+models: setup
+	$(BIN)/python scripts/train_models.py --threads 1
 
 fuzz: setup
 	TRACESYNTH_FUZZ_CASES=2000 $(BIN)/python -m pytest -q tests/fuzz

@@ -161,9 +161,8 @@ def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: s
     return rows
 
 
-def _loaded_traces(model_dir: Path) -> list[tuple[str, object, object]]:
+def _loaded_traces(gen, model_dir: Path) -> list[tuple[str, object, object]]:
     """(workload, training block, test block) of each trace a `scripts/train_models.py` model learned."""
-    gen = load_generator(model_dir)
     training = (getattr(gen, "history", {}) or {}).get("training")
     if not training:
         sys.exit(f"{model_dir}: no training record (history.training): not written by scripts/train_models.py")
@@ -227,7 +226,7 @@ def main() -> None:
         loaded = load_generator(args.load)
         print(f"{args.load}: {loaded.name}, {loaded.n_params:,} weights, {loaded.fit_info.get('train_steps')} steps",
               flush=True)
-        for name, train, test in _loaded_traces(args.load):
+        for name, train, test in _loaded_traces(loaded, args.load):
             if name in args.workloads or args.workloads == ["all"]:
                 gens = {"markov4": MarkovChain(order=4), f"{loaded.name}[{args.load.name}]": loaded}
                 rows += bench_trace(name, train, test, gens, args, loaded=f"{loaded.name}[{args.load.name}]")

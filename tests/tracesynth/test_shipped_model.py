@@ -1,0 +1,54 @@
+"""The shipped checkpoint (models/all, written by `make models`): it loads, it was trained on the shipped
+traces as they are now (by sha256) and on their first 70% only, and its guided samples keep the kernel
+invariants for every workload it knows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tracesynth.constraints import check_trace, mine_rules
+from tracesynth.generator import load_generator
+from tracesynth.io import read_trace
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "models" / "all"
+KERNEL_RULES = ("sched.consistency", "sched.one_cpu", "syscall.pairing", "ret.errno")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return load_generator(MODEL)
+
+
+def test_checkpoint_was_trained_on_the_shipped_data_held_out_last_30_percent(model) -> None:
+    manifest = json.loads((REPO / "data" / "manifest.json").read_text())
+    shipped = {p.name for p in (REPO / "data").glob("*.parquet")}
+    training = model.history["training"]
+    assert {d["file"] for d in training["data"]} == shipped
+    for d in training["data"]:
+        assert hashlib.sha256((REPO / "data" / d["file"]).read_bytes()).hexdigest() == d["sha256"], d["file"]
+        assert d["train_events"] == round(0.7 * d["events"])
+    assert sorted(model.workloads) == sorted(d["workload"] for d in training["data"])
+    assert len(manifest) > 0 and model.fit_info["train_steps"] > 1000
+    size = sum(f.stat().st_size for f in MODEL.iterdir())
+    assert size < 30 * 2**20  # the issue's cap on shipped checkpoints
+
+
+@pytest.mark.parametrize("workload", ["fio", "sqlite"])
+def test_guided_sample_of_a_workload_keeps_the_kernel_invariants(model, workload: str) -> None:
+    trace = read_trace(REPO / "data" / f"{workload}.parquet")
+    rules = mine_rules([trace.slice(0, 60000)])
+    synth = model.sample(600, seed=1, workload=workload, guide="kernel")
+    assert len(synth) == 600 and synth.metadata["workload"] == workload
+    report = check_trace(synth, rules)
+    broken = {r: n for r, n in report.counts.items() if n and r in KERNEL_RULES}
+    assert not broken, broken
+    # the sample is of that workload: most of its event types occur in the real trace
+    real, counts = set(trace.event_counts()), synth.event_counts()
+    assert sum(n for e, n in counts.items() if e in real) / len(synth) > 0.95
