@@ -74,6 +74,10 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--chains", type=int, default=32,
+                    help="chains sampled in parallel (sampling only): the model drifts over long chains, and 32 "
+                         "gave the lowest 3-gram JSD to the training blocks at 20,000 events (8: 0.117, 16: 0.071, "
+                         "32: 0.069, mean of the six traces)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -101,7 +105,7 @@ def main() -> None:
                      "events": len(trace), "train_events": len(train), "train_fraction": TRAIN_FRACTION})
         say(f"{f.name}: training on its first {len(train):,} of {len(trace):,} events")
     cfg = ARConfig(context=args.context, d_model=args.d_model, n_layers=args.layers, batch_size=args.batch_size,
-                   steps=10**9, time_limit=args.seconds, conditional=True, seed=args.seed)
+                   steps=10**9, time_limit=args.seconds, conditional=True, seed=args.seed, chains=args.chains)
     model = Autoregressive(cfg)
     t0 = time.perf_counter()
     recent: list[float] = []
