@@ -192,3 +192,14 @@ def test_demo_retrain_fits_the_saved_models_config_per_workload(tmp_path: Path) 
     assert got["conditional"] is False and got["steps"] >= 10**9
     with pytest.raises(TraceSynthError, match="cannot read the model config"):
         _retrain_config({"_base": str(tmp_path)}, "nothing-here", 7.0)
+
+
+def test_demo_without_the_checkpoint_says_what_to_do(tiny_config: dict, tmp_path: Path) -> None:
+    cfg = dict(tiny_config, generators={"ar": {"kind": "ar", "load": "no-such-dir/all"}})
+    path = tmp_path / "demo.json"
+    path.write_text(json.dumps(cfg))
+    res = CliRunner().invoke(app, ["demo", "--config", str(path), "-o", str(tmp_path / "out")])
+    # the CLI's entry point prints a TraceSynthError as one line (tests/tracesynth/test_cli_io.py)
+    assert isinstance(res.exception, TraceSynthError) and "--retrain SECONDS" in str(res.exception)
+    assert "no-such-dir/all: the shipped checkpoint is not here" in str(res.exception)
+    assert not (tmp_path / "out").exists()

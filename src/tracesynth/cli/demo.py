@@ -33,7 +33,7 @@ def demo(
     ),
 ) -> None:
     """Run the whole pipeline on the shipped dataset and print where the report is."""
-    from tracesynth.evaluate.pipeline import load_config, run_pipeline
+    from tracesynth.evaluate.pipeline import load_config, resolve_path, run_pipeline
     from tracesynth.resources import dataset_dir
 
     if not config.is_file():
@@ -41,10 +41,13 @@ def demo(
     cfg = load_config(config)
     if not cfg.get("traces"):
         cfg["data"]["dir"] = str(dataset_dir(data).resolve())
-    if retrain > 0:
-        for spec in cfg["generators"].values():
-            if spec.get("load"):
-                spec["config"] = _retrain_config(cfg, spec.pop("load"), retrain)
+    for spec in cfg["generators"].values():
+        if spec.get("load") and retrain > 0:
+            spec["config"] = _retrain_config(cfg, spec.pop("load"), retrain)
+        elif spec.get("load") and not resolve_path(spec["load"], cfg["_base"]).is_dir():
+            raise TraceSynthError("the shipped checkpoint is not here (it ships with the repository, not the wheel): "
+                                  "run the demo from a checkout, or give --retrain SECONDS to train it",
+                                  Path(spec["load"]))
     report = run_pipeline(cfg, out, console=console)
     console.print(f"[bold]tracesynth report:[/] {report}")
 
