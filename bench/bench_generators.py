@@ -39,7 +39,6 @@ invariants (`ar+guided`, `markov4+guided`).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -53,6 +52,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from tracesynth.autoregressive import ARConfig, Autoregressive  # noqa: E402
 from tracesynth.baselines.markov import MarkovChain  # noqa: E402
+from tracesynth.collect import sha256_file  # noqa: E402
 from tracesynth.constraints import check_trace, mine_rules, repair_trace  # noqa: E402
 from tracesynth.evaluate.classifier import ClassifierConfig  # noqa: E402
 from tracesynth.evaluate.experiments import prepare_workload  # noqa: E402
@@ -169,7 +169,7 @@ def _loaded_traces(gen, model_dir: Path) -> list[tuple[str, object, object]]:
     out = []
     for d in training["data"]:
         path = REPO / "data" / d["file"]
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != d["sha256"]:
+        if not path.is_file() or sha256_file(path) != d["sha256"]:
             sys.exit(f"{path}: missing or not the file {model_dir} was trained on (sha256 differs)")
         trace = read_trace(path)
         k = int(d["train_events"])

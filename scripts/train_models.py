@@ -14,7 +14,6 @@ training log). Sample it with `tracesynth sample models/all --workload fio --eve
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import shlex
@@ -30,14 +29,11 @@ sys.path.insert(0, str(REPO / "src"))
 
 from atomicio import atomic_path  # noqa: E402
 from tracesynth.autoregressive import ARConfig, Autoregressive  # noqa: E402
+from tracesynth.collect import sha256_file  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
 from tracesynth.splits import split_by_time  # noqa: E402
 
 TRAIN_FRACTION = 0.7  # the checkpoint learns the first 70% of each trace's events; the rest is held out
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _cpu() -> str:
@@ -101,7 +97,7 @@ def main() -> None:
         train, test = split_by_time(trace, (TRAIN_FRACTION, 1 - TRAIN_FRACTION))
         blocks.append(train)
         held_out.append(test)
-        data.append({"file": f.name, "sha256": _sha256(f), "workload": trace.metadata.get("workload"),
+        data.append({"file": f.name, "sha256": sha256_file(f), "workload": trace.metadata.get("workload"),
                      "events": len(trace), "train_events": len(train), "train_fraction": TRAIN_FRACTION})
         say(f"{f.name}: training on its first {len(train):,} of {len(trace):,} events")
     cfg = ARConfig(context=args.context, d_model=args.d_model, n_layers=args.layers, batch_size=args.batch_size,

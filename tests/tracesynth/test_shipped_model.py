@@ -4,13 +4,13 @@ invariants for every workload it knows."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from tracesynth.collect import sha256_file
 from tracesynth.constraints import check_trace, mine_rules
 from tracesynth.generator import load_generator
 from tracesynth.io import read_trace
@@ -32,7 +32,7 @@ def test_checkpoint_was_trained_on_the_shipped_data_held_out_last_30_percent(mod
     training = model.history["training"]
     assert {d["file"] for d in training["data"]} == shipped
     for d in training["data"]:
-        assert hashlib.sha256((REPO / "data" / d["file"]).read_bytes()).hexdigest() == d["sha256"], d["file"]
+        assert sha256_file(REPO / "data" / d["file"]) == d["sha256"], d["file"]
         assert d["train_events"] == round(0.7 * d["events"])
     assert sorted(model.workloads) == sorted(d["workload"] for d in training["data"])
     assert len(manifest) > 0 and model.fit_info["train_steps"] > 1000
