@@ -1,0 +1,51 @@
+"""How many chains a saved token model should sample in parallel, chosen on the data it was trained on.
+
+A token model's long trace is a few chains of overlapping windows; a chain drifts the longer it runs, so more
+(shorter) chains can be closer to real. For each chain count, the model samples `--events` events per trace
+it learned (unguided) and this prints the 3-gram JSD of event types to that trace's *training* block (never
+the held-out one: this is how the shipped `models/all` got its `config.chains`), and the mean over traces.
+
+    .venv/bin/python bench/bench_chains.py models/all --chains 8 16 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from tracesynth.evaluate.metrics import ngram_jsd  # noqa: E402
+from tracesynth.generator import load_generator  # noqa: E402
+from tracesynth.io import read_trace  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path, help="a conditional token model written by scripts/train_models.py")
+    ap.add_argument("--chains", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--events", type=int, default=20000)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = load_generator(args.model)
+    training = (getattr(model, "history", {}) or {}).get("training")
+    if not training:
+        sys.exit(f"{args.model}: no training record (history.training): not written by scripts/train_models.py")
+    jsd: dict[int, list[float]] = {c: [] for c in args.chains}
+    for d in training["data"]:
+        train = read_trace(REPO / "data" / d["file"]).slice(0, int(d["train_events"]))
+        for c in args.chains:
+            model.config.chains = c
+            jsd[c].append(ngram_jsd(train, model.sample(args.events, seed=0, workload=d["workload"], guide="none"), 3))
+        print(f"{d['workload']:10s} " + "  ".join(f"{c} chains {jsd[c][-1]:.3f}" for c in args.chains), flush=True)
+    print("mean       " + "  ".join(f"{c} chains {np.mean(v):.3f}" for c, v in jsd.items()))
+
+
+if __name__ == "__main__":
+    main()
