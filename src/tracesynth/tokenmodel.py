@@ -33,6 +33,7 @@ from atomicio import atomic_path
 from tracesynth.channels import CHANNELS_6, ChannelCodec
 from tracesynth.errors import TraceSynthError
 from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
+from tracesynth.optim import warmup_cosine
 from tracesynth.trace import Trace
 
 CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
@@ -292,9 +293,10 @@ class TokenModel:
         t0, step, losses = time.perf_counter(), 0, []
         self.model.train()
         while step < cfg.steps:
-            if cfg.time_limit is not None and time.perf_counter() - t0 >= cfg.time_limit:
+            elapsed = time.perf_counter() - t0
+            if cfg.time_limit is not None and elapsed >= cfg.time_limit:
                 break
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / max(cfg.steps, 1)))
+            lr = warmup_cosine(cfg.lr, step, cfg.warmup, cfg.steps, cfg.time_limit, elapsed)
             for g in opt.param_groups:
                 g["lr"] = lr
             idx = torch.from_numpy(rng.integers(0, n, cfg.batch_size))

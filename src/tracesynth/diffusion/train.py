@@ -6,7 +6,6 @@ DistributedDataParallel averages the gradients (gloo on CPU, nccl on GPU); only 
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from torch import nn
 from tracesynth.diffusion.config import TraceSynthConfig
 from tracesynth.diffusion.model import TraceDenoiser
 from tracesynth.diffusion.schedule import NoiseSchedule
+from tracesynth.optim import warmup_cosine
 
 Windows = dict[str, np.ndarray]
 Checkpoint = Callable[[int, torch.optim.Optimizer, dict[str, Any]], None]
@@ -96,13 +96,8 @@ class DiffusionLoss(nn.Module):
 
 
 def lr_at(step: int, cfg: TraceSynthConfig, elapsed: float = 0.0) -> float:
-    """Linear warm-up, then cosine decay to a tenth of the peak (by steps or by time, whichever is further)."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    if cfg.time_limit > 0:
-        frac = max(frac, elapsed / cfg.time_limit)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+    return warmup_cosine(cfg.lr, step, cfg.warmup, cfg.steps, cfg.time_limit or None, elapsed)
+
 
 
 def to_device(w: Windows, device: torch.device) -> dict[str, torch.Tensor]:
