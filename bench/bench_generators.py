@@ -8,7 +8,8 @@ block. Every generator fits on the training block (the neural ones for the same 
 - rule_viol: share of the raw sample's events breaking a rule mined from the training block;
 - repair_edit: share of events repair changed (inserted + deleted + modified) / events;
 - jsd3: 3-gram Jensen-Shannon divergence (bits) of event types, sample vs the real test block;
-- copied128: share of 128-event windows of the sample found verbatim in the training block;
+- copied128: share of 128-event windows of the sample found verbatim in the training block (the `real`
+  row: of the test block's first `--events` events, how often real data itself repeats a training window);
 - nxt_f1: next-event Macro-F1 on real test windows of a classifier trained on the sample alone
   (the `real` row: trained on the training block itself);
 - fit_s, steps, train ev/s: training wall time, optimisation steps reached (the machine may be shared:
@@ -115,7 +116,9 @@ def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: s
     real_windows = make_windows(train, wd.vocab, wd.context)  # the discriminator's real side: the training block
     rows = []
     real_f1 = next_event_scores(wd.windows(train, stride=4), wd.test, n_ev, clf)["macro_f1"]
-    rows.append({"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate})
+    copied = memorisation(test.slice(0, args.events), train, 128)["copied_window_share"]
+    rows.append({"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate,
+                 "copied128": copied})  # fmt: skip
     print(f"{name}: {len(train):,} training / {len(test):,} test events; rules, real F1: "
           f"{time.perf_counter() - t_setup:.0f} s", flush=True)
     samples = {}

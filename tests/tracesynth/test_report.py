@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from tracesynth.cli import app
 from tracesynth.errors import TraceSynthError
-from tracesynth.evaluate.pipeline import load_config, run_pipeline
+from tracesynth.evaluate.pipeline import generator_specs, load_config, run_pipeline
 from tracesynth.io import read_trace
 from tracesynth.report import load_results, write_report
+from tracesynth.resources import configs_dir
 from tracesynth.trace import Trace
 
 
@@ -203,3 +204,17 @@ def test_demo_without_the_checkpoint_says_what_to_do(tiny_config: dict, tmp_path
     assert isinstance(res.exception, TraceSynthError) and "--retrain SECONDS" in str(res.exception)
     assert "no-such-dir/all: the shipped checkpoint is not here" in str(res.exception)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in configs_dir().glob("*.json")))
+def test_shipped_configs_build_their_generators(name: str) -> None:
+    """Every config the package ships loads and builds each generator it names (a typo fails here, not
+    minutes into an experiment)."""
+    cfg = load_config(configs_dir() / f"{name}.json")
+    if any(spec.get("kind") == "sdv_par" for spec in cfg["generators"].values()):
+        from tracesynth.baselines.sdv_par import sdv_available
+
+        if sdv_available():
+            pytest.skip(f"{name} needs SDV: {sdv_available()}")
+    specs = generator_specs(cfg)
+    assert specs and all(spec["kind"] for spec in specs.values())
