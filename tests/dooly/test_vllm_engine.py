@@ -80,6 +80,24 @@ def test_a_step_runs_on_the_cache_its_prefill_filled_and_grows_a_block(engine, m
     assert engine.forward(model, step).shape == (2,)
 
 
+def test_a_mixed_step_runs_decodes_and_a_later_prefill_chunk_in_one_forward(engine, model) -> None:  # type: ignore[no-untyped-def]
+    from dooly.batch import Batch
+
+    inputs = engine.prepare_batch(model, Batch(prefill=((7, 130),), decode=(5, 300)))
+    assert inputs["input_ids"].shape == (2 + 7,)  # one token per decode, then the chunk's new tokens
+    assert inputs["positions"].tolist() == [5, 300, *range(130, 137)]
+    assert inputs["logits_indices"].tolist() == [0, 1, 8]  # each request's last token
+    pool = _Pool()
+    with pool:
+        nxt = engine.forward(model, inputs)
+    assert nxt.shape == (3,)
+    call = next(iter(pool.calls[ATTENTION].values()))
+    seq_lens = pool.call_inputs(ATTENTION, [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in call])[5]
+    assert seq_lens.tolist() == [6, 301, 137]  # attention saw each request's cached prefix
+    with pytest.raises(DoolyError, match="empty batch"):
+        engine.prepare_batch(model, Batch())
+
+
 def test_the_context_pool_hands_an_op_its_own_call_inputs(engine, model) -> None:  # type: ignore[no-untyped-def]
     inputs = engine.prepare(model, RequestShape.decode(3, 40))
     pool = _Pool()

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dooly.batch import Batch
 from dooly.engines.base import Engine, RequestShape
 from dooly.errors import DoolyError
 
@@ -238,6 +239,56 @@ class VLLMEngine(Engine):
             "slot_mapping": slots,
             "logits_indices": torch.arange(1, r + 1, dtype=torch.int64) * t - 1,  # each request's last token
             "shape": (r, t, k),
+            "state": st,
+        }
+
+    def prepare_batch(self, model: Any, batch: Batch) -> dict[str, Any]:
+        """One step of a flattened batch as vLLM's scheduler hands it over: the decodes (one new token after
+        their KV length) first, then the prefill chunks (new tokens after cached ones), the order vLLM's CPU
+        model runner puts them in. Real sizes only (not for tracing); the caches hold zeros (timing, not values).
+        """
+        import torch
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+        from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
+
+        st: _State = model._dooly_vllm
+        query = [1] * len(batch.decode) + [n for n, _ in batch.prefill]
+        cached = list(batch.decode) + [c for _, c in batch.prefill]
+        if not query:
+            raise DoolyError("engine vllm: an empty batch has no step")
+        r = len(query)
+        positions = torch.cat([torch.arange(c, c + q, dtype=torch.int64) for q, c in zip(query, cached, strict=True)])
+        query_start = torch.tensor([0, *torch.tensor(query).cumsum(0).tolist()], dtype=torch.int32)
+        seq_lens = torch.tensor([q + c for q, c in zip(query, cached, strict=True)], dtype=torch.int32)
+        req_of_token = torch.repeat_interleave(torch.arange(r), torch.tensor(query))
+        caches: dict[str, Any] = {}
+        tables, metadata, slots = [], {}, {}
+        for spec, names, builder in st.groups:
+            per_seq = int((seq_lens.max() + spec.block_size - 1) // spec.block_size)
+            table = torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq)
+            tables.append(table)
+            for n in names:
+                raw = torch.zeros(compute_layer_kv_cache_shape_bytes(spec, r * per_seq), dtype=torch.int8)
+                caches[n] = raw.view(spec.dtype)
+            slot = (table[req_of_token, positions // spec.block_size].to(torch.int64) * spec.block_size
+                    + positions % spec.block_size)  # fmt: skip
+            common = CommonAttentionMetadata(
+                query_start_loc=query_start, query_start_loc_cpu=query_start, seq_lens=seq_lens, num_reqs=r,
+                num_actual_tokens=int(sum(query)), max_query_len=max(query), max_seq_len=int(seq_lens.max()),
+                block_table_tensor=table, slot_mapping=slot, positions=positions,
+            )  # fmt: skip
+            md = builder.build(0, common)
+            metadata.update(dict.fromkeys(names, md))
+            slots.update(dict.fromkeys(names, slot))
+        return {
+            "input_ids": torch.zeros(int(sum(query)), dtype=torch.int32),
+            "positions": positions,
+            "kv_caches": caches,
+            "block_tables": tables,
+            "attn_metadata": metadata,
+            "slot_mapping": slots,
+            "logits_indices": query_start[1:].to(torch.int64) - 1,  # each request's last token
+            "shape": (1, int(sum(query)), 0),  # (requests, tokens, kv) as forward() reads it: the flat token count
             "state": st,
         }
 

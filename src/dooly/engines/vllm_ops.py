@@ -184,9 +184,10 @@ def install() -> None:
     # a real model's oneDNN handles may be garbage-collected while a later trace runs: release them outside it
     release = ops.CPUDNNLGEMMHandler.__del__
 
-    def __del__(self: Any) -> None:
-        with _disable_current_modes():
-            release(self)
+    def __del__(self: Any, _modes: Any = _disable_current_modes, _release: Any = release) -> None:
+        # bound at definition: at interpreter exit module globals are already None when handles are freed
+        with _modes():
+            _release(self)
 
     ops.CPUDNNLGEMMHandler.__del__ = __del__
     ops.onednn_mm = onednn_mm

@@ -22,6 +22,7 @@ from dooly.profiler.timing import (
     evict_caches,
     fixed_threads,
     measure_forward,
+    measure_prepared,
     time_calls,
 )
 from dooly.profiler.traces import PHASE_SYMBOLS, model_traces, trace_cache_key, tracer_version
@@ -48,6 +49,7 @@ __all__ = [
     "fixed_threads",
     "make_plan",
     "measure_forward",
+    "measure_prepared",
     "model_traces",
     "profiled_savings",
     "run_plan",

@@ -197,16 +197,25 @@ def measure_forward(
     clock: str = "wall",
 ) -> Measurement:
     """Time one real engine forward at ``values`` (the KV cache is rebuilt, untimed, before each run)."""
-    import copy
-
     shape = (
         RequestShape.prefill(values["requests"], values["tokens"])
         if phase == "prefill"
         else RequestShape.decode(values["requests"], values["kv_len"])
     )
+    t_start = CLOCKS[clock]()
+    return measure_prepared(engine, model, engine.prepare(model, shape), repeats, warmup, clock, t_start)
+
+
+def measure_prepared(
+    engine: Engine, model: Any, base: Any, repeats: int = 5, warmup: int = 1, clock: str = "wall",
+    t_start: float | None = None,
+) -> Measurement:  # fmt: skip
+    """Time ``engine.forward`` on prepared inputs ``base`` (each run on a fresh copy: a forward extends the
+    cache in place); the cost counts from ``t_start`` (default: now)."""
+    import copy
+
     now = CLOCKS[clock]
-    t_start = now()
-    base = engine.prepare(model, shape)
+    t_start = now() if t_start is None else t_start
     samples = []
     for r in range(warmup + repeats):
         inputs = copy.deepcopy(base)  # forward extends the cache in place; each run starts from the same state
