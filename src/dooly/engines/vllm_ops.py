@@ -184,10 +184,12 @@ def install() -> None:
     # a real model's oneDNN handles may be garbage-collected while a later trace runs: release them outside it
     release = ops.CPUDNNLGEMMHandler.__del__
 
-    def __del__(self: Any, _modes: Any = _disable_current_modes, _release: Any = release) -> None:
-        # bound at definition: at interpreter exit module globals are already None when handles are freed
-        with _modes():
-            _release(self)
+    def __del__(self: Any) -> None:
+        try:
+            with _disable_current_modes():
+                release(self)
+        except (ImportError, TypeError):  # the interpreter is shutting down: the process frees the handle
+            pass
 
     ops.CPUDNNLGEMMHandler.__del__ = __del__
     ops.onednn_mm = onednn_mm
