@@ -196,7 +196,8 @@ def _fmt(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=["scimark2", "sqlite", "fio"])
-    ap.add_argument("--lttng", action="store_true", help="also the LTTng trace in ../shared/traces")
+    ap.add_argument("--lttng", action="store_true",
+                    help="also the LTTng trace in ../shared/traces (or name it: --workloads lttng-wget)")
     ap.add_argument("--train-seconds", type=float, default=300)
     ap.add_argument("--events", type=int, default=30000)
     ap.add_argument("--skip", type=int, default=10000)
@@ -234,9 +235,10 @@ def main() -> None:
                 gens = {"markov4": MarkovChain(order=4), f"{loaded.name}[{args.load.name}]": loaded}
                 rows += bench_trace(name, train, test, gens, args, loaded=f"{loaded.name}[{args.load.name}]")
     else:
-        traces = [(w, read_trace(REPO / "data" / f"{w}.parquet")) for w in args.workloads]
-        if args.lttng and LTTNG.exists():
-            traces.append(("lttng-wget", read_trace(LTTNG)))
+        names = [*args.workloads, *(["lttng-wget"] if args.lttng and "lttng-wget" not in args.workloads else [])]
+        if "lttng-wget" in names and not LTTNG.exists():
+            sys.exit(f"{LTTNG}: the LTTng trace is not there (../shared beside the checkout)")
+        traces = [(w, read_trace(LTTNG if w == "lttng-wget" else REPO / "data" / f"{w}.parquet")) for w in names]
         for name, t in traces:
             t = t.slice(args.skip, args.skip + args.max_events)
             rows += bench_trace(name, *split_by_time(t, (0.7, 0.3)), _generators(args), args)
