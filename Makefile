@@ -15,7 +15,7 @@ demo: setup
 	$(BIN)/tracesynth demo
 	$(BIN)/dooly demo
 
-# Retrain the shipped checkpoint models/all (30 min on one core; see models/README.md).
+# Retrain the shipped checkpoint models/all (70 min on one core; see models/README.md).
 models: setup
 	$(BIN)/python scripts/train_models.py --threads 1
 

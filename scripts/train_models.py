@@ -3,7 +3,7 @@
 wall-time budget on this machine's cores. The last 30% of each trace is never seen by it, so the
 demo and `bench/bench_generators.py --load models/all` score it there.
 
-    .venv/bin/python scripts/train_models.py                       # models/all, 30 min
+    .venv/bin/python scripts/train_models.py                       # models/all, 70 min
     .venv/bin/python scripts/train_models.py --seconds 60 --out /tmp/m  # a quick try
 
 Writes MODEL_DIR (safetensors + JSON; its config.json "history" holds the data files with their
@@ -65,7 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=REPO / "data", help="directory of the shipped traces (*.parquet)")
     ap.add_argument("--out", type=Path, default=REPO / "models" / "all", help="model directory to write")
-    ap.add_argument("--seconds", type=float, default=1800, help="training wall time")
+    ap.add_argument("--seconds", type=float, default=4200, help="training wall time")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
