@@ -385,9 +385,11 @@ class Predictor:
         prefill pass over them (the GEMMs, norms and activations, which read the weights once per iteration,
         are then exact; attention is counted as one causal sequence of that length), plus what the decodes'
         KV adds to their attention (their decode pass at their KV length minus the same pass at the smallest
-        profiled KV length)."""
+        profiled KV length), plus, for a later chunk of a prompt, its new tokens' attention over the cached prefix
+        (:meth:`prefix_attention`)."""
         if self.flattens_batches and batch.prefill:
             total = self.forward_latency("prefill", {"requests": 1, "tokens": batch.num_tokens})
+            total += sum(self.prefix_attention(new, cached) for new, cached in batch.prefill if cached)
             if batch.decode:
                 b, kv = len(batch.decode), max(batch.decode)
                 base = min(kv, _flat_kv_base())
@@ -400,6 +402,16 @@ class Predictor:
         if batch.decode:
             total += self.forward_latency("decode", {"requests": len(batch.decode), "kv_len": max(batch.decode)})
         return total
+
+
+    def prefix_attention(self, new: int, cached: int) -> float:
+        """What ``new`` tokens attending over ``cached`` ones add to a pass that prices them as a sequence of
+        their own: with a prefill pass F(t) = c0 + g t + a t^2 / 2 (per-token work plus causal attention),
+        F(cached + new) - F(cached) - F(new) + c0 = a * cached * new, the cross term; c0 ~ F(1)."""
+        def f(tokens: int) -> float:
+            return self.forward_latency("prefill", {"requests": 1, "tokens": tokens})
+
+        return max(0.0, f(cached + new) - f(cached) - f(new) + f(1))
 
 
 def _flat_kv_base() -> int:
