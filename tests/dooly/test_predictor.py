@@ -126,8 +126,15 @@ def test_a_flattening_engine_prices_an_iteration_as_one_forward() -> None:
         "decode", {"requests": 3, "kv_len": 16}
     )
     assert kv_part > 0
-    expect = p.forward_latency("prefill", {"requests": 1, "tokens": 24}) + kv_part
+    # the later chunk (5 new after 32 cached) also attends over its prefix: the prefill passes' cross term
+    f = {t: p.forward_latency("prefill", {"requests": 1, "tokens": t}) for t in (1, 5, 24, 32, 37)}
+    prefix = max(0.0, f[37] - f[32] - f[5] + f[1])
+    assert prefix > 0
+    assert p.prefix_attention(5, 32) == pytest.approx(prefix)
+    expect = f[24] + kv_part + prefix
     assert p.iteration_latency(b) == pytest.approx(expect)
+    no_prefix = Batch(prefill=((16, 0), (5, 0)), decode=(64, 256, 100))
+    assert p.iteration_latency(no_prefix) == pytest.approx(f[24] + kv_part)
     p.flattens_batches = False
     assert p.iteration_latency(b) > expect
     p.flattens_batches = True
