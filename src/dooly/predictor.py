@@ -403,11 +403,11 @@ class Predictor:
             total += self.forward_latency("decode", {"requests": len(batch.decode), "kv_len": max(batch.decode)})
         return total
 
-
     def prefix_attention(self, new: int, cached: int) -> float:
         """What ``new`` tokens attending over ``cached`` ones add to a pass that prices them as a sequence of
         their own: with a prefill pass F(t) = c0 + g t + a t^2 / 2 (per-token work plus causal attention),
         F(cached + new) - F(cached) - F(new) + c0 = a * cached * new, the cross term; c0 ~ F(1)."""
+
         def f(tokens: int) -> float:
             return self.forward_latency("prefill", {"requests": 1, "tokens": tokens})
 

@@ -96,8 +96,8 @@ class DiffusionLoss(nn.Module):
 
 
 def lr_at(step: int, cfg: TraceSynthConfig, elapsed: float = 0.0) -> float:
+    """The diffusion model's learning rate at `step` (`elapsed` seconds in): `warmup_cosine` over its config."""
     return warmup_cosine(cfg.lr, step, cfg.warmup, cfg.steps, cfg.time_limit or None, elapsed)
-
 
 
 def to_device(w: Windows, device: torch.device) -> dict[str, torch.Tensor]:
