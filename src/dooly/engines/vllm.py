@@ -51,6 +51,24 @@ class _State:
         return self  # the model's, shared by every copy of a step's inputs (only the caches are per step)
 
 
+def _paged_caches(st: _State, r: Any, seq_len: Any) -> tuple[dict[str, Any], list[Any]]:
+    """Zeroed paged KV caches for ``r`` sequences of up to ``seq_len`` tokens, in the layout vLLM computes from
+    each layer's spec ([blocks, kv heads, slots, bytes]), and each group's block table (sequence i owns its own
+    run of blocks). Sizes may be the tracer's labelled ints."""
+    import torch
+    from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
+
+    caches: dict[str, Any] = {}
+    tables = []
+    for spec, names, _ in st.groups:
+        per_seq = (seq_len + spec.block_size - 1) // spec.block_size  # blocks one sequence holds after the step
+        tables.append(torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq))
+        for n in names:
+            raw = torch.zeros(compute_layer_kv_cache_shape_bytes(spec, r * per_seq), dtype=torch.int8)
+            caches[n] = raw.view(spec.dtype)
+    return caches, tables
+
+
 class VLLMEngine(Engine):
     """vLLM (CPU backend, eager). ``dtype`` is the weight/activation dtype of every model it builds."""
 
@@ -189,20 +207,10 @@ class VLLMEngine(Engine):
     # -- one step -------------------------------------------------------------------------------------------
 
     def prepare(self, model: Any, shape: RequestShape) -> dict[str, Any]:
-        import torch
-        from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
 
         st: _State = model._dooly_vllm
         r, t, k = shape.requests, shape.tokens, shape.kv_len
-        caches: dict[str, Any] = {}
-        tables = []
-        for spec, names, _ in st.groups:
-            per_seq = (k + t + spec.block_size - 1) // spec.block_size  # blocks one sequence holds after the step
-            tables.append(torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq))
-            # the paged cache in the layout vLLM computes from the layer's spec: [blocks, kv heads, slots, bytes]
-            for n in names:
-                raw = torch.zeros(compute_layer_kv_cache_shape_bytes(spec, r * per_seq), dtype=torch.int8)
-                caches[n] = raw.view(spec.dtype)
+        caches, tables = _paged_caches(st, r, k + t)
         if not _is_zero(k):
             # write kv_len tokens into the cache with the engine's own prefill: what it holds mid-generation
             self.forward(model, self._step(st, caches, tables, r, k, 0))
@@ -249,7 +257,6 @@ class VLLMEngine(Engine):
         """
         import torch
         from vllm.v1.attention.backend import CommonAttentionMetadata
-        from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
 
         st: _State = model._dooly_vllm
         query = [1] * len(batch.decode) + [n for n, _ in batch.prefill]
@@ -261,15 +268,9 @@ class VLLMEngine(Engine):
         query_start = torch.tensor([0, *torch.tensor(query).cumsum(0).tolist()], dtype=torch.int32)
         seq_lens = torch.tensor([q + c for q, c in zip(query, cached, strict=True)], dtype=torch.int32)
         req_of_token = torch.repeat_interleave(torch.arange(r), torch.tensor(query))
-        caches: dict[str, Any] = {}
-        tables, metadata, slots = [], {}, {}
-        for spec, names, builder in st.groups:
-            per_seq = int((seq_lens.max() + spec.block_size - 1) // spec.block_size)
-            table = torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq)
-            tables.append(table)
-            for n in names:
-                raw = torch.zeros(compute_layer_kv_cache_shape_bytes(spec, r * per_seq), dtype=torch.int8)
-                caches[n] = raw.view(spec.dtype)
+        caches, tables = _paged_caches(st, r, int(seq_lens.max()))
+        metadata, slots = {}, {}
+        for (spec, names, builder), table in zip(st.groups, tables, strict=True):
             slot = (table[req_of_token, positions // spec.block_size].to(torch.int64) * spec.block_size
                     + positions % spec.block_size)  # fmt: skip
             common = CommonAttentionMetadata(
