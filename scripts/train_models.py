@@ -71,9 +71,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--chains", type=int, default=32,
-                    help="chains sampled in parallel (sampling only): the model drifts over long chains, and 32 "
-                         "gave the lowest 3-gram JSD to the training blocks at 20,000 events (8: 0.117, 16: 0.071, "
-                         "32: 0.069, mean of the six traces; bench/bench_chains.py)")
+                    help="chains sampled in parallel (sampling only): the model drifts over long chains; 32 gave "
+                         "the lowest 3-gram JSD to the training blocks (bench/bench_chains.py; figures in "
+                         "models/README.md)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
