@@ -30,7 +30,9 @@ sys.path.insert(0, str(REPO / "src"))
 from atomicio import atomic_path  # noqa: E402
 from tracesynth.autoregressive import ARConfig, Autoregressive  # noqa: E402
 from tracesynth.collect import sha256_file  # noqa: E402
+from tracesynth.errors import TraceSynthError  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
+from tracesynth.optim import resolve_device  # noqa: E402
 from tracesynth.splits import split_by_time  # noqa: E402
 
 TRAIN_FRACTION = 0.7  # the checkpoint learns the first 70% of each trace's events; the rest is held out
@@ -75,9 +77,14 @@ def main() -> None:
                          "the lowest 3-gram JSD to the training blocks (bench/bench_chains.py; figures in "
                          "models/README.md)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
+    ap.add_argument("--device", default="cpu", help="where to train: cpu, cuda or cuda:N (sampling stays on the CPU)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    try:
+        dev = resolve_device(args.device)
+    except TraceSynthError as e:
+        sys.exit(str(e))
     files = sorted(args.data.glob("*.parquet"))
     if not files:
         sys.exit(f"{args.data}: no *.parquet traces to train on")
@@ -90,7 +97,8 @@ def main() -> None:
 
     say(f"$ {shlex.join(['python', *sys.argv])}")
     say(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, {_cpu()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} threads, commit {_commit()}")
+        f"torch {torch.__version__} with {torch.get_num_threads()} threads, commit {_commit()}"
+        + (f", training on {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""))
     blocks, held_out, data = [], [], []
     for f in files:
         trace = read_trace(f)
@@ -101,7 +109,8 @@ def main() -> None:
                      "events": len(trace), "train_events": len(train), "train_fraction": TRAIN_FRACTION})
         say(f"{f.name}: training on its first {len(train):,} of {len(trace):,} events")
     cfg = ARConfig(context=args.context, d_model=args.d_model, n_layers=args.layers, batch_size=args.batch_size,
-                   steps=10**9, time_limit=args.seconds, conditional=True, seed=args.seed, chains=args.chains)
+                   steps=10**9, time_limit=args.seconds, conditional=True, seed=args.seed, chains=args.chains,
+                   device=args.device)
     model = Autoregressive(cfg)
     t0 = time.perf_counter()
     recent: list[float] = []

@@ -63,8 +63,9 @@ class MaskedDiffusion(TokenModel):
     def loss(self, clean: dict[str, torch.Tensor]) -> torch.Tensor:
         """Masked cross-entropy: mask each token with rate t ~ U(0,1) per window, predict the clean ones."""
         b, L = clean["event"].shape
-        t = torch.rand(b, 1).clamp_min(1e-3)
-        masks = {c: torch.rand(b, L) < t for c in CHANNELS}
+        dev = clean["event"].device
+        t = torch.rand(b, 1, device=dev).clamp_min(1e-3)
+        masks = {c: torch.rand(b, L, device=dev) < t for c in CHANNELS}
         noisy = {**clean, **{c: torch.where(masks[c], self.vocab[c], clean[c]) for c in CHANNELS}}
         logits = self.model(noisy)
         total, count = 0.0, 0

@@ -1,8 +1,28 @@
-"""The learning-rate schedule every tracesynth network trains on."""
+"""What every tracesynth network trains with: the learning-rate schedule and the device."""
 
 from __future__ import annotations
 
 import math
+import os
+
+import torch
+
+from tracesynth.errors import TraceSynthError
+
+
+def world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the torchrun environment; (0, 1, 0) otherwise."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def resolve_device(name: str) -> torch.device:
+    """cpu, cuda or cuda:N; under torchrun each process takes the GPU of its local rank."""
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise TraceSynthError("--device cuda asked for, but no CUDA GPU is available")
+        if name == "cuda":
+            return torch.device("cuda", world()[2] % torch.cuda.device_count())
+    return torch.device(name)
 
 
 def warmup_cosine(peak: float, step: int, warmup: int, steps: int, time_limit: float | None, elapsed: float) -> float:

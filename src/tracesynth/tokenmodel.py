@@ -33,7 +33,7 @@ from atomicio import atomic_path
 from tracesynth.channels import CHANNELS_6, ChannelCodec
 from tracesynth.errors import TraceSynthError
 from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
-from tracesynth.optim import warmup_cosine
+from tracesynth.optim import resolve_device, warmup_cosine
 from tracesynth.trace import Trace
 
 CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
@@ -60,6 +60,7 @@ class TokenConfig:
     max_tids: int = 32
     conditional: bool = False  # learn one vector per workload (trace metadata "workload"); sample(workload=)
     seed: int = 0
+    device: str = "cpu"  # where fit trains (cpu, cuda, cuda:N); the fitted network returns to the CPU to sample
 
     what: ClassVar[str] = "token model"  # for error messages
 
@@ -149,7 +150,7 @@ class ChannelTransformer(nn.Module):
         """Hidden states of embedded inputs x [b, L, d] (each position sees only earlier ones if causal)."""
         x = x + self.pos[: x.shape[1]]
         if causal:
-            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
             return self.norm(self.body(x, mask=mask, is_causal=True))
         return self.norm(self.body(x))
 
@@ -285,9 +286,11 @@ class TokenModel:
         self._fit_gap_table(traces, rng)
         if self.guides:
             self.kernel = KernelFacts.mine(traces)
+        dev = resolve_device(cfg.device)
         data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
         self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
-        self.model = self._network()
+        data = {c: v.to(dev) for c, v in data.items()}
+        self.model = self._network().to(dev)
         opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
         n = len(data["event"])
         t0, step, losses = time.perf_counter(), 0, []
@@ -299,7 +302,7 @@ class TokenModel:
             lr = warmup_cosine(cfg.lr, step, cfg.warmup, cfg.steps, cfg.time_limit, elapsed)
             for g in opt.param_groups:
                 g["lr"] = lr
-            idx = torch.from_numpy(rng.integers(0, n, cfg.batch_size))
+            idx = torch.from_numpy(rng.integers(0, n, cfg.batch_size)).to(dev)
             loss = self.loss({c: v[idx] for c, v in data.items()})
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -309,7 +312,7 @@ class TokenModel:
             losses.append(loss.item())
             if progress is not None:
                 progress(step, losses[-1])
-        self.model.eval()
+        self.model.eval().cpu()  # sampling draws one event at a time: the CPU's work
         seconds = time.perf_counter() - t0
         self.history = {
             "steps": step,

@@ -80,6 +80,20 @@ def test_tokens_match_unbatched_greedy(tiny_model, config):
     assert ex.owner == [] and ex.slot == {}  # every slot released
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_serving_on_cuda_gives_the_cpu_tokens(tiny_model):
+    """The executor keeps its KV slots and inputs on the model's device; greedy tokens are the CPU's."""
+    import copy
+
+    w = Workload(np.array([0.0, 0.0, 0.001]), np.array([20, 9, 30]), np.array([7, 12, 5]))
+    config = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=8, chunked_prefill=True, block_size=4)
+    cpu, ex_cpu = _serve_and_capture(tiny_model, w, config)
+    gpu, ex_gpu = _serve_and_capture(copy.deepcopy(tiny_model).cuda(), w, config)
+    assert ex_gpu.k[0].is_cuda
+    assert all(r.generated == r.output_tokens for r in gpu.requests)
+    assert ex_gpu.tokens == ex_cpu.tokens
+
+
 def test_measured_metrics_are_consistent(tiny_model):
     w = Workload(np.array([0.0, 0.01, 0.02, 0.03]), np.array([16, 24, 8, 12]), np.array([5, 3, 6, 1]))
     res = serving.serve(w, tiny_model, SchedulerConfig(max_num_seqs=2), ENGINE, threads=1, warmup=True)

@@ -82,3 +82,29 @@ def test_cli_fits_and_samples_a_token_model(tmp_path: Path, kind: str) -> None:
     r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "100", "-o", str(tmp_path / "s.parquet")])
     assert r.exit_code == 0, r.output
     assert len(read_trace(tmp_path / "s.parquet")) == 100
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cls, cfg", [(Autoregressive, ARConfig), (MaskedDiffusion, MaskedConfig)])
+def test_trains_on_cuda_as_on_the_cpu_and_samples_on_the_cpu(cls, cfg, two) -> None:
+    fields = {k: v for k, v in TINY.items() if k in cfg.__dataclass_fields__}
+    data = {c: torch.from_numpy(v[:64]) for c, v in cls(cfg(**fields)).fit(two[:1]).windows(two[:1]).items()}
+    losses = {}
+    for dev in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        gen = cls(cfg(**fields, steps=100, device=dev)).fit(two[:1])
+        assert next(gen.model.parameters()).device.type == "cpu"
+        with torch.no_grad():
+            torch.manual_seed(1)
+            losses[dev] = float(gen.loss(data))
+        assert len(gen.sample(64, seed=1)) == 64
+    assert abs(losses["cuda"] - losses["cpu"]) < 0.25 * losses["cpu"], losses  # the same training, other kernels
+
+
+@pytest.mark.parametrize("cls, cfg", [(Autoregressive, ARConfig), (MaskedDiffusion, MaskedConfig)])
+def test_a_cuda_fit_without_a_gpu_is_refused_in_one_line(cls, cfg, two) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    fields = {k: v for k, v in TINY.items() if k in cfg.__dataclass_fields__}
+    with pytest.raises(TraceSynthError, match="no CUDA GPU"):
+        cls(cfg(**fields, steps=1, device="cuda")).fit(two[:1])

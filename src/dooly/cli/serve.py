@@ -40,7 +40,7 @@ _ENGINE_HELP = (
 
 
 def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: int | None = None,
-                       engine: str = DEFAULT_ENGINE, shape: bool = False):  # fmt: skip
+                       engine: str = DEFAULT_ENGINE, shape: bool = False, device: str = "cpu"):  # fmt: skip
     """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings);
     `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`)."""
     from dooly.engines import get_engine
@@ -48,7 +48,8 @@ def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: i
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
-    return Predictor.for_model(model, db, get_engine(engine, dtype=dtype), threads=threads, shape=shape)
+    return Predictor.for_model(model, db, get_engine(engine, device=device, dtype=dtype), threads=threads,
+                               shape=shape)
 
 
 def serving_latency_model(model: str, db: Path, dtype: str, threads: int | None, engine: str,
@@ -242,7 +243,7 @@ def print_summary(s, title: str) -> None:
 
 def run_validation(
     model: str, db: Path, workload: str, cfg, threads: int, dtype: str, clock: str, real_runs: int = 2,
-    engine: str = DEFAULT_ENGINE,
+    engine: str = DEFAULT_ENGINE, device: str = "cpu",
 ) -> dict:  # fmt: skip
     """Serve `workload` on the real engine `real_runs` times, simulate it from the profiles, return the payload.
 
@@ -258,8 +259,8 @@ def run_validation(
     from dooly.zoo import resolve_model
 
     w = parse_workload(workload)
-    latency = CachedLatency(load_latency_model(model, db, dtype, threads, engine))
-    eng = get_engine(engine, device="cpu", dtype=dtype)
+    latency = CachedLatency(load_latency_model(model, db, dtype, threads, engine, device=device))
+    eng = get_engine(engine, device=device, dtype=dtype)
     served = eng.build_model(resolve_model(model)[1])
     runs = []
     with Progress(console=Console(stderr=True), transient=True) as bar:
@@ -385,6 +386,7 @@ def validate_serving(
         1, "--warmup-runs", min=0, help="--engine vllm: serve the workload this many times first, unscored."
     ),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=_ENGINE_HELP),
+    device: str = typer.Option("cpu", "--device", help="hf-eager: cpu or cuda, as profiled (vLLM: its CPU backend)."),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
     from dooly.profiler import default_threads
@@ -392,6 +394,8 @@ def validate_serving(
 
     threads = threads if threads is not None else default_threads()
     if engine == "vllm":
+        if device != "cpu":
+            raise DoolyError("validate-serving --engine vllm serves with vLLM's CPU backend; drop --device")
         payload = run_vllm_validation(model, db, workload, max_seqs, max_tokens, block_size or VLLM_BLOCK_SIZE,
                                       cpu_kvcache_gb, threads, dtype, real_runs, warmup_runs)  # fmt: skip
         print_validation(payload)
@@ -401,9 +405,9 @@ def validate_serving(
     if clock is None:
         from dooly.profiler import default_clock
 
-        clock = default_clock("cpu", threads)
+        clock = default_clock(device, threads)
     cfg = _sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)
-    payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs, engine)
+    payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs, engine, device)
     print_validation(payload)
     mode = "chunked" if chunked else "whole"
     path = save_result(db, f"validation-{Path(model).stem}-{mode}{max_tokens}-seqs{max_seqs}", payload)

@@ -44,10 +44,10 @@ class HFExecutor:
         heads = cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        dtype = next(model.parameters()).dtype
+        dtype, self.dev = next(model.parameters()).dtype, next(model.parameters()).device
         shape = (max_num_seqs, kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.dev) for _ in range(self.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.dev) for _ in range(self.num_layers)]
         self.max_len = max_len
         self.slot: dict[int, int] = {}  # request id -> slot, compact 0..n-1
         self.owner: list[int] = []  # slot -> request id
@@ -96,6 +96,8 @@ class HFExecutor:
             self._prefill(req, n)
         if batch.decode:
             self._decode(batch.decode)
+        if self.dev.type == "cuda":  # the iteration ends when its kernels do (a prefill chunk samples nothing)
+            torch.cuda.synchronize(self.dev)
 
     def _known_tokens(self, req: Request) -> list[int]:
         toks = self.tokens.get(req.id)
@@ -109,12 +111,12 @@ class HFExecutor:
         c = req.computed
         if c + n > self.max_len:
             raise DoolyError(f"request {req.id} needs {c + n} cached tokens, above the engine's max_len {self.max_len}")
-        ids = torch.tensor([self._known_tokens(req)[c : c + n]])
-        pos = torch.arange(c, c + n)
+        ids = torch.tensor([self._known_tokens(req)[c : c + n]], device=self.dev)
+        pos = torch.arange(c, c + n, device=self.dev)
         cache = self._cache(slice(s, s + 1), c)
         out = self.model(
             input_ids=ids,
-            attention_mask=torch.ones(1, c + n, dtype=torch.long),  # the engine always passes a mask
+            attention_mask=torch.ones(1, c + n, dtype=torch.long, device=self.dev),  # the engine always passes a mask
             **{self.cache_kw: cache},
             position_ids=pos[None],
             cache_position=pos,
@@ -130,28 +132,28 @@ class HFExecutor:
     def _decode(self, reqs: list[Request]) -> None:
         reqs = sorted(reqs, key=lambda r: self.slot[r.id])
         slots = [self.slot[r.id] for r in reqs]
-        lens = torch.tensor([r.computed for r in reqs])
+        lens = torch.tensor([r.computed for r in reqs], device=self.dev)
         longest = int(lens.max())
         if longest + 1 > self.max_len:
             raise DoolyError(f"a request needs {longest + 1} cached tokens, above the engine's max_len {self.max_len}")
         b = len(reqs)
         contiguous = slots == list(range(slots[0], slots[0] + b))
-        idx = slice(slots[0], slots[0] + b) if contiguous else torch.tensor(slots)
+        idx = slice(slots[0], slots[0] + b) if contiguous else torch.tensor(slots, device=self.dev)
         cache = self._cache(idx, longest)
-        mask = torch.zeros(b, longest + 1, dtype=torch.long)
+        mask = torch.zeros(b, longest + 1, dtype=torch.long, device=self.dev)
         mask[:, longest] = 1
-        mask[:, :longest] = (torch.arange(longest)[None, :] < lens[:, None]).long()
-        ids = torch.tensor([[self.tokens[r.id][-1]] for r in reqs])
+        mask[:, :longest] = (torch.arange(longest, device=self.dev)[None, :] < lens[:, None]).long()
+        ids = torch.tensor([[self.tokens[r.id][-1]] for r in reqs], device=self.dev)
         out = self.model(
             input_ids=ids,
             **{self.cache_kw: cache},
             attention_mask=mask,
             position_ids=lens[:, None],
-            cache_position=torch.tensor([longest]),
+            cache_position=torch.tensor([longest], device=self.dev),
             use_cache=True,
             logits_to_keep=1,
         )
-        slot_t = torch.tensor(slots)
+        slot_t = torch.tensor(slots, device=self.dev)
         for layer, k, v in zip(cache.layers, self.k, self.v, strict=True):
             k[slot_t, :, lens] = layer.keys[:, :, longest]
             v[slot_t, :, lens] = layer.values[:, :, longest]

@@ -19,16 +19,11 @@ from tracesynth.diffusion.config import TraceSynthConfig
 from tracesynth.diffusion.model import TraceDenoiser
 from tracesynth.diffusion.samplers import make_sampler
 from tracesynth.diffusion.schedule import NoiseSchedule
-from tracesynth.diffusion.train import (
-    optimizer_from_tensors,
-    optimizer_to_tensors,
-    resolve_device,
-    train,
-    world,
-)
+from tracesynth.diffusion.train import optimizer_from_tensors, optimizer_to_tensors, train
 from tracesynth.divergence import jsd
 from tracesynth.errors import TraceSynthError
 from tracesynth.jsonable import jsonable
+from tracesynth.optim import resolve_device, world
 from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
 

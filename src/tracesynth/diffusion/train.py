@@ -6,7 +6,6 @@ DistributedDataParallel averages the gradients (gloo on CPU, nccl on GPU); only 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,27 +20,10 @@ from torch import nn
 from tracesynth.diffusion.config import TraceSynthConfig
 from tracesynth.diffusion.model import TraceDenoiser
 from tracesynth.diffusion.schedule import NoiseSchedule
-from tracesynth.optim import warmup_cosine
+from tracesynth.optim import warmup_cosine, world
 
 Windows = dict[str, np.ndarray]
 Checkpoint = Callable[[int, torch.optim.Optimizer, dict[str, Any]], None]
-
-
-def world() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the torchrun environment; (0, 1, 0) otherwise."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-
-
-def resolve_device(name: str) -> torch.device:
-    """cpu, cuda or cuda:N; under torchrun each process takes the GPU of its local rank."""
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            from tracesynth.errors import TraceSynthError
-
-            raise TraceSynthError("--device cuda asked for, but no CUDA GPU is available")
-        if name == "cuda":
-            return torch.device("cuda", world()[2] % torch.cuda.device_count())
-    return torch.device(name)
 
 
 def init_distributed(device: torch.device) -> bool:
