@@ -45,6 +45,7 @@ $PY scripts/train_models.py --device "$DEVICE" --seconds "$TRAIN_S" --d-model 19
     --out "$OUT/d192/all" >"$OUT/train-d192.log" 2>&1 &
 wait
 tail -n 4 "$OUT/train-d128.log" "$OUT/train-d192.log"
-# at most a few files come back from a lent machine: one archive per checkpoint, one of the logs and DB
+# three files in all (a lent GPU machine returns a few): one archive per checkpoint, one of the logs and the DB
 for m in d128 d192; do tar -C "$OUT/$m" -cf "$OUT/$m.tar" all all.log 2>/dev/null && rm -rf "${OUT:?}/$m"; done
-tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude='*.tar' --exclude=logs.tar.gz . && echo "wrote $OUT/*.tar, $OUT/logs.tar.gz"
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude='*.tar' --exclude=logs.tar.gz . \
+    && rm -rf "$OUT"/*.log "$OUT/cuda.db" "$OUT/cuda.results" && echo "wrote $OUT/d128.tar, d192.tar, logs.tar.gz"
