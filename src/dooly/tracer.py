@@ -26,11 +26,12 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import sympy
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 
 from dooly.engines import Engine, RequestShape, get_engine
 from dooly.errors import DoolyError, one_line
@@ -125,6 +126,14 @@ def trace_model(
     return main
 
 
+def _composites_symbolic():
+    """Before torch 2.13 some C++ composite ops (matmul, linear) read sizes as ints, which fixes every request
+    size; there the Python dispatcher runs torch's Python decompositions of them instead, which keep sizes
+    symbolic (they can add a copy that eager does not make). From 2.13 the C++ ones match eager op for op."""
+    old = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+    return enable_python_dispatcher() if old else nullcontext()
+
+
 def _trace_once(
     config: Mapping[str, Any],
     phase: str,
@@ -151,7 +160,8 @@ def _trace_once(
     t_build = time.perf_counter() - t0
 
     try:
-        with syms.fake_mode, syms.int_sites(), engine.tracing_context(), _module_tracking(model) as stack:
+        with syms.fake_mode, _composites_symbolic(), syms.int_sites(), engine.tracing_context(), \
+                _module_tracking(model) as stack:
             recorder = OpRecorder(syms, engine.engine_id, lambda: stack[-1] if stack else "")
             with recorder:
                 inputs = engine.prepare(model, shape)  # tracked for values (the cache prefill), not recorded
