@@ -167,33 +167,45 @@ def overhead_features(n_records: int, values: Mapping[str, int]) -> np.ndarray:
 
 @dataclass
 class OverheadModel:
-    """``real = alpha * sum(ops) + w . features`` fitted with non-negative least squares per phase."""
+    """``real = alpha * sum(ops) + w . features`` fitted with non-negative least squares per phase.
+
+    ``overlapped`` (an asynchronous device, CUDA): the host queues kernels while the device runs earlier ones,
+    so a pass takes the longer of the two, ``max(sum(ops), w . features)``, the host's cost fitted alone.
+    """
 
     coef: dict[str, np.ndarray] = field(default_factory=dict)  # phase -> [alpha, w...]
     n_fit: dict[str, int] = field(default_factory=dict)
+    overlapped: bool = False
 
     def __call__(self, phase: str, ops_sum: float, n_records: int, values: Mapping[str, int]) -> float:
         c = self.coef.get(phase)
         if c is None:
             return ops_sum
-        return float(c[0] * ops_sum + c[1:] @ overhead_features(n_records, values))
+        host = float(c[1:] @ overhead_features(n_records, values))
+        return max(ops_sum, host) if self.overlapped else float(c[0] * ops_sum) + host
 
     @classmethod
-    def fit(cls, rows: Sequence[tuple[str, float, int, Mapping[str, int], float]]) -> OverheadModel:
+    def fit(cls, rows: Sequence[tuple[str, float, int, Mapping[str, int], float]],
+            overlapped: bool = False) -> OverheadModel:  # fmt: skip
         """Rows: (phase, predicted op sum, records in the pass, request values, measured forward seconds)."""
         from scipy.optimize import nnls
 
-        out = cls()
+        out = cls(overlapped=overlapped)
         for phase in ("prefill", "decode"):
             sel = [r for r in rows if r[0] == phase]
             if not sel:
                 continue
             # relative least squares (divide by the measurement) so short and long passes weigh alike
-            A = np.array([[ops, *overhead_features(n, v)] for _, ops, n, v, _ in sel])
+            A = np.array([[0.0 if overlapped else ops, *overhead_features(n, v)] for _, ops, n, v, _ in sel])
             y = np.array([m for *_, m in sel])
             coef, _ = nnls(A / y[:, None], np.ones(len(y)))
             if coef[0] == 0.0:
                 coef[0] = 1.0
+            if overlapped:  # the host's cost is fitted on the forwards the device never held up
+                host = A[:, 1:] @ coef[1:]
+                kept = np.array([ops <= h for (_, ops, *_), h in zip(sel, host, strict=True)])
+                if kept.sum() >= 2 and not kept.all():
+                    coef[1:], _ = nnls(A[kept, 1:] / y[kept, None], np.ones(int(kept.sum())))
             out.coef[phase] = coef
             out.n_fit[phase] = len(sel)
         return out
@@ -489,9 +501,10 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
         rows.append((phase, p.ops_latency(phase, values), p.records_at(phase, values), values, m.median_s))
         if own is not None and model.split("#")[0] == own:
             own_rows.append(rows[-1])
+    overlapped = ctx.hardware.startswith("cuda")
     if {r[0] for r in own_rows} == {"prefill", "decode"}:
-        return OverheadModel.fit(own_rows)
-    return OverheadModel.fit(rows) if rows else OverheadModel()
+        return OverheadModel.fit(own_rows, overlapped)
+    return OverheadModel.fit(rows, overlapped) if rows else OverheadModel(overlapped=overlapped)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -83,6 +83,19 @@ def test_overhead_fit_recovers_a_known_law() -> None:
     assert ov("decode", 0.5, 100, {}) == 0.5  # no forwards for a phase: the op sum alone
 
 
+def test_an_asynchronous_device_takes_the_longer_of_host_and_kernels() -> None:
+    """CUDA: the host queues kernels while earlier ones run, so a pass costs max(kernels, host), not the sum."""
+    rows = []
+    for n in (1000, 2000, 3000):
+        for ops in (0.004, 0.008, 0.050):  # the host needs 10 us per op record: the 50 ms pass is kernel-bound
+            rows.append(("decode", ops, n, {"requests": 1, "kv_len": 8}, max(ops, 1e-5 * n + 1e-3)))
+    ov = OverheadModel.fit(rows, overlapped=True)
+    for _, ops, n, v, real in rows:
+        assert ov("decode", ops, n, v) == pytest.approx(real, rel=0.02)
+    serial = OverheadModel.fit(rows)  # the CPU's law (kernels after the host) misses such passes
+    assert max(abs(serial("decode", ops, n, v) / real - 1) for _, ops, n, v, real in rows) > 0.1
+
+
 def _predictor(method: str = "interp") -> Predictor:
     traces = tiny_traces(tiny_config("tiny-a"))
     pts = {}
