@@ -130,6 +130,25 @@ def test_sweep_rows_carry_reference_and_real_baselines(tiny_config: dict, tmp_pa
     assert len({r["auc_reference"] for r in rows if r["variant"] in ("o1", "o3")}) == 1
 
 
+def test_a_sweep_over_two_generators_sets_each_networks_config(tiny_config: dict, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    net = {"d_model": 16, "n_layers": 1, "n_heads": 2, "batch_size": 4, "steps": 3, "overlap": 4, "chains": 2}
+    cfg = dict(tiny_config, seeds=[0], generators={"ar": {"kind": "ar", "config": dict(net)},
+                                                   "masked": {"kind": "masked", "config": dict(net, sample_steps=2)}})
+    cfg["traces"] = cfg["traces"][:1]
+    cfg.update(discriminator={"enabled": False, "max_windows": 200}, regimes={"enabled": False},
+               workload_id={"enabled": False}, scarce={"enabled": False},
+               sweep={"name": "context", "generator": ["ar", "masked"],
+                      "variants": {"L16": {"context": 16}, "L32": {"context": 32}}})
+    run_pipeline(cfg, tmp_path / "out")
+    res = load_results(tmp_path / "out")["tables"]
+    assert not res["generators"]  # each swept generator is fitted only as its variants
+    windows = {r["variant"]: r["train_windows"] for r in res["sweep"] if r.get("train_windows")}
+    assert set(windows) == {"ar:L16", "ar:L32", "masked:L16", "masked:L32"}
+    for g in ("ar", "masked"):  # the variant's context reached the network's config: longer windows, fewer
+        assert windows[f"{g}:L32"] < windows[f"{g}:L16"]
+
+
 def test_evaluate_against_an_empty_real_trace_is_one_error(tiny_config: dict, tmp_path: Path) -> None:
     Trace.from_columns([], []).save(tmp_path / "empty.parquet")
     real = Path(tiny_config["traces"][0])

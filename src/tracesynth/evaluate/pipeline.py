@@ -59,7 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "regimes": {"enabled": True, "workloads": None, "only": None},  # only: a subset of experiments.REGIMES
     "workload_id": {"enabled": True, "per_class": 2000},
     "scarce": {"enabled": True, "workloads": None, "budgets": [0.02, 0.05, 0.1, 0.25, 1.0], "multipliers": [1, 4]},
-    "sweep": None,  # {"name", "generator", "variants": {label: {config overrides}}}
+    "sweep": None,  # {"name", "generator": name or [names], "variants": {label: {config overrides}}}
     # small models on a shared 2-core CPU run faster on one thread (two threads spin against each other)
     "torch_threads": 1,
 }
@@ -346,7 +346,7 @@ def generate(run: _Run, sources: Mapping[str, Trace], specs: Mapping[str, Mappin
     synth: dict[str, dict[str, ex.Synthetic]] = {}
     rows: list[dict[str, Any]] = []
     plots: dict[str, Any] = {}
-    swept = cfg["sweep"]["generator"] if cfg.get("sweep") else None  # the sweep fits each of its variants
+    swept = swept_generators(cfg)  # the sweep fits each of its variants
     task = run.stage("fit + sample + repair", len(sources) * len(specs))
     for wl, trace in sources.items():
         split = split_trace(trace, cfg["split"])
@@ -355,7 +355,7 @@ def generate(run: _Run, sources: Mapping[str, Trace], specs: Mapping[str, Mappin
         synth[wl] = {}
         n_sample = max(ctx * 4, int(len(split.train) * float(cfg["sample_factor"])))
         for g, spec in specs.items():
-            if g == swept:
+            if g in swept:
                 run.advance(task)
                 continue
             run.describe(task, f"fit + sample + repair: {g} on {wl}")
@@ -518,27 +518,39 @@ def summarise_tables(rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, list
     return {n: tables[n] for n in order}
 
 
+def swept_generators(cfg: Mapping[str, Any]) -> list[str]:
+    """The generators a config's sweep varies (its "generator": one name or a list)."""
+    if not cfg.get("sweep"):
+        return []
+    g = cfg["sweep"]["generator"]
+    return [g] if isinstance(g, str) else list(g)
+
+
 def run_sweep(run: _Run, data: Mapping[str, ex.WorkloadData], ccfg: ClassifierConfig) -> list[dict[str, Any]]:
-    """Fit one generator per variant (config overrides), then score fidelity, discriminator AUC and
-    next-event Macro-F1 of the 50/50 repaired mix; fit time and parameter count are the compute cost.
-    Rows with variant "real" / "half_real" give the same classifier's Macro-F1 on real data alone."""
+    """Fit one generator per variant (config overrides) of each swept generator, then score fidelity,
+    discriminator AUC and next-event Macro-F1 of the 50/50 repaired mix; fit time and parameter count are the
+    compute cost. Rows with variant "real" / "half_real" give the same classifier's Macro-F1 on real data
+    alone. With several swept generators a variant is named "generator:label"."""
     cfg = run.cfg
     seeds = run.seeds()
     sw = cfg["sweep"]
-    base = dict(cfg["generators"][sw["generator"]])
+    gens = swept_generators(cfg)
+    variants = [(g, label, over) for g in gens for label, over in sw["variants"].items()]
     max_train, max_disc = int(cfg["max_train_windows"]), int(cfg["discriminator"]["max_windows"])
     rows = []
-    task = run.stage(f"sweep {sw.get('name', '')}", len(data) * len(sw["variants"]))
+    task = run.stage(f"sweep {sw.get('name', '')}", len(data) * len(variants))
     for wl, wd in data.items():
         ref_cache: dict[tuple[int, ...], float] = {}  # one real-vs-real reference per seed for all variants
         for r in ex.regime_rows(wd, {}, ccfg, seeds, max_train, run.tick, ["real", "half_real"]):
             rows.append({"workload": wl, "variant": r["regime"], "seed": r["seed"], "macro_f1": r["macro_f1"]})
-        for label, over in sw["variants"].items():
+        for g, label, over in variants:
+            base = dict(cfg["generators"][g])
             spec = copy.deepcopy(base)
-            if spec.get("kind") == "diffusion":
-                spec["config"] = {**spec.get("config", {}), **over}
+            if "config" in spec:  # a network's settings (diffusion, masked, ar) live in its config
+                spec["config"] = {**spec["config"], **over}
             else:
                 spec.update(over)
+            label = label if len(gens) == 1 else f"{g}:{label}"
             spec["name"] = label
             n = int(base.get("sample_events") or len(wd.split.train))
             try:
