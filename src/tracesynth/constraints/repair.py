@@ -620,6 +620,18 @@ def repair_trace(
     return out, report
 
 
+def _separates_threads(s: _State) -> np.ndarray:
+    """Per event: a sched_switch whose thread differs from that of the next event on its CPU."""
+    out = np.zeros(s.n, dtype=bool)
+    if s.c.switch_code < 0 or not s.n:
+        return out
+    order = np.lexsort((np.arange(s.n), s.cpu))
+    same = s.cpu[order][1:] == s.cpu[order][:-1]
+    cur, nxt = order[:-1][same], order[1:][same]
+    out[cur] = (s.ev[cur] == s.c.switch_code) & (s.tid[cur] >= 0) & (s.tid[nxt] >= 0) & (s.tid[cur] != s.tid[nxt])
+    return out
+
+
 def _fallback_victims(s: _State) -> np.ndarray:
     """Events to drop: each violator, except that a call left open is closed by dropping its entry
     (dropping what follows it one event at a time would walk the whole thread)."""
@@ -636,10 +648,13 @@ def _fallback_victims(s: _State) -> np.ndarray:
     parts.append(np.where(fp.extra.get("kind", np.zeros(0, np.int64)) == 1, fp.idx, stale))
     parts.append(fp.idx[(stale >= 0) & c.is_exit[s.ev[fp.idx]]])  # a wrong exit goes with its entry
     tprev = a.thread_prev
+    separates = _separates_threads(s)
     for rule, pred_of in (("transition.global", lambda i: i - 1), ("transition.thread", lambda i: tprev[i])):
         i = found[rule].idx
         p = pred_of(i)
-        parts.append(np.where((p >= 0) & c.is_entry[s.ev[np.maximum(p, 0)]], p, i))
+        # an open call's entry goes rather than what follows it; so does what precedes a switch between two
+        # threads' runs (dropping the switch would merge them)
+        parts.append(np.where((p >= 0) & (c.is_entry[s.ev[np.maximum(p, 0)]] | separates[i]), p, i))
     return np.unique(np.concatenate(parts + [np.zeros(0, np.int64)]))
 
 
