@@ -40,6 +40,7 @@ CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
 DT_PER_OCTAVE = 4  # gap buckets per factor of two
 N_DT = DT_PER_OCTAVE * 40 + 1  # covers gaps up to 2**40 ns (~18 min); larger gaps share the last bucket
 GAPS_PER_CELL = 16  # real gaps kept per (event, gap bucket) to decode from
+SEAM_TRIM = 32  # events a chain may give up at its end so that the next chain's first event can follow it
 
 
 @dataclass
@@ -104,6 +105,24 @@ def _global_labels(win_tid: np.ndarray, tail_glob: np.ndarray | None, next_label
                 next_label[b] += 1
             glob[b, j] = mapping[lab]
     return glob
+
+
+def _seam_ends(events: np.ndarray, n_types: int) -> np.ndarray:
+    """Per chain [b, n]: how many of its events to keep so that the next chain's first event follows its last
+    one as some event follows another inside the chains (a chain is dropped from its end, which keeps it a valid
+    run of the kernel; without this, each seam was a transition never seen in training, which repair paid for
+    many times over); at most SEAM_TRIM events go, and a seam no cut mends is left as it is."""
+    b, n = events.shape
+    ends = np.full(b, n, dtype=np.int64)
+    seen = np.zeros((n_types, n_types), dtype=bool)
+    seen[events[:, :-1], events[:, 1:]] = True
+    for k in range(b - 1):
+        first = events[k + 1, 0]
+        for end in range(n, max(1, n - SEAM_TRIM) - 1, -1):
+            if seen[events[k, end - 1], first]:
+                ends[k] = end
+                break
+    return ends
 
 
 def dt_bucket(gaps_ns: np.ndarray) -> np.ndarray:
@@ -346,7 +365,7 @@ class TokenModel:
         gen = torch.Generator().manual_seed(seed)
         rng = np.random.default_rng(seed)
         chains = max(1, min(cfg.chains, math.ceil(n_events / L)))
-        per_chain = math.ceil(n_events / chains)
+        per_chain = math.ceil(n_events / chains) + (SEAM_TRIM if chains > 1 else 0)
         n_windows = 1 + max(0, math.ceil((per_chain - L) / (L - K)))
         out = {c: [] for c in CHANNELS}
         tokens = {c: torch.zeros(chains, L, dtype=torch.long) for c in CHANNELS}
@@ -390,7 +409,8 @@ class TokenModel:
             seqs["tid"] = kernel.fill_placeholders(labels, seqs["cpu"], offset)
         else:
             seqs["tid"] = np.where(labels > 0, labels + offset, 0)
-        flat = {c: v.reshape(-1)[:n_events] for c, v in seqs.items()}
+        ends = _seam_ends(seqs["event"], self.vocab["event"])
+        flat = {c: np.concatenate([v[b, : ends[b]] for b in range(chains)])[:n_events] for c, v in seqs.items()}
         gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
         windows = dict(flat)
         windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std

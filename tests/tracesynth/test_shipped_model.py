@@ -55,9 +55,10 @@ def test_guided_sample_of_a_workload_keeps_the_kernel_invariants(model, workload
 
 
 def test_repair_of_a_guided_sample_edits_about_what_breaks_a_rule(model) -> None:
-    """scimark2's guided sample breaks a rule at a few chain seams (a chain's first sched_switch after another
-    chain's last event); repair once dropped the switch, merged two threads' CPU segments and cascaded (8.5% of
-    this sample's events edited for 0.15% breaking a rule). It drops what precedes such a switch instead."""
+    """A guided sample used to break rules at its chain seams (a chain's first sched_switch after another chain's
+    last event), and repair, dropping the switch, merged two threads' CPU segments and cascaded (8.5% of this
+    sample's events edited for 0.15% breaking a rule). Chains are now cut where the next one can follow, and
+    repair drops what precedes such a switch instead."""
     trace = read_trace(REPO / "data" / "scimark2.parquet")
     d = next(x for x in model.history["training"]["data"] if x["workload"] == "scimark2")
     rules = mine_rules([trace.slice(0, d["train_events"])])
@@ -65,4 +66,4 @@ def test_repair_of_a_guided_sample_edits_about_what_breaks_a_rule(model) -> None
     breaks = check_trace(synth, rules).rate
     fixed, rep = repair_trace(synth, rules, seed=0)
     assert 0 < breaks < 0.01 and check_trace(fixed, rules).total == 0
-    assert rep.edit_rate < 0.01, (rep.edit_rate, breaks)  # 0.4% now
+    assert rep.edit_rate < 0.01, (rep.edit_rate, breaks)

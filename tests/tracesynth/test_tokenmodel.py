@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -108,3 +109,16 @@ def test_a_cuda_fit_without_a_gpu_is_refused_in_one_line(cls, cfg, two) -> None:
     fields = {k: v for k, v in TINY.items() if k in cfg.__dataclass_fields__}
     with pytest.raises(TraceSynthError, match="no CUDA GPU"):
         cls(cfg(**fields, steps=1, device="cuda")).fit(two[:1])
+
+
+def test_chains_are_cut_where_the_next_one_can_follow() -> None:
+    from tracesynth.tokenmodel import SEAM_TRIM, _seam_ends
+
+    ev = np.array([[1, 2, 3, 9, 1, 2, 3, 4],   # ends on 4; 4 -> 9 never occurs, 3 -> 9 does (inside chain 0)
+                   [9, 1, 2, 3, 4, 1, 2, 4],   # ends on 4 too, and chain 2 starts with 1: 4 -> 1 occurs
+                   [1, 2, 3, 4, 1, 2, 3, 4]])
+    assert _seam_ends(ev, 10).tolist() == [7, 8, 8]
+    never = np.array([[1, 1, 1, 1], [7, 7, 7, 7]])  # 1 -> 7 occurs nowhere: the seam is left as it is
+    assert _seam_ends(never, 10).tolist() == [4, 4]
+    far = np.array([[5, 6] + [1] * (SEAM_TRIM + 1), [6] * (SEAM_TRIM + 3)])  # the mending cut is out of reach
+    assert _seam_ends(far, 10).tolist() == [SEAM_TRIM + 3, SEAM_TRIM + 3]
