@@ -345,7 +345,8 @@ class TokenModel:
 
     # -- sampling -----------------------------------------------------------------------------
     def sample(self, n_events: int, seed: int = 0, workload: str | None = None, guide: str | None = None) -> Trace:
-        """A synthetic trace of n_events: `chains` chains of overlapping windows, concatenated.
+        """A synthetic trace of n_events: `chains` chains of overlapping windows, each cut where the next one's first
+        event can follow it (`_seam_ends`), concatenated.
 
         A conditional model draws `workload` (one it learned; None: chain b draws workload b mod their number).
         `guide` "kernel" masks each draw with the kernel invariants (`tracesynth.guide`; a generator with
