@@ -196,16 +196,20 @@ class OverheadModel:
             if not sel:
                 continue
             # relative least squares (divide by the measurement) so short and long passes weigh alike
-            A = np.array([[0.0 if overlapped else ops, *overhead_features(n, v)] for _, ops, n, v, _ in sel])
+            ops = np.array([o for _, o, *_ in sel])
+            feats = np.array([overhead_features(n, v) for _, _, n, v, _ in sel])
             y = np.array([m for *_, m in sel])
-            coef, _ = nnls(A / y[:, None], np.ones(len(y)))
-            if coef[0] == 0.0:
-                coef[0] = 1.0
-            if overlapped:  # the host's cost is fitted on the forwards the device never held up
-                host = A[:, 1:] @ coef[1:]
-                kept = np.array([ops <= h for (_, ops, *_), h in zip(sel, host, strict=True)])
-                if kept.sum() >= 2 and not kept.all():
-                    coef[1:], _ = nnls(A[kept, 1:] / y[kept, None], np.ones(int(kept.sum())))
+            if overlapped:
+                # the host's cost alone, then again on the forwards the device never held up (alpha is unused)
+                w, _ = nnls(feats / y[:, None], np.ones(len(y)))
+                kept = ops <= feats @ w
+                if 2 <= kept.sum() < len(kept):
+                    w, _ = nnls(feats[kept] / y[kept, None], np.ones(int(kept.sum())))
+                coef = np.concatenate([[1.0], w])
+            else:
+                coef, _ = nnls(np.column_stack([ops, feats]) / y[:, None], np.ones(len(y)))
+                if coef[0] == 0.0:
+                    coef[0] = 1.0
             out.coef[phase] = coef
             out.n_fit[phase] = len(sel)
         return out
