@@ -620,15 +620,15 @@ def repair_trace(
     return out, report
 
 
-def _separates_threads(s: _State) -> np.ndarray:
+def _separates_threads(a: TraceArrays) -> np.ndarray:
     """Per event: a sched_switch whose thread differs from that of the next event on its CPU."""
-    out = np.zeros(s.n, dtype=bool)
-    if s.c.switch_code < 0 or not s.n:
+    out = np.zeros(a.n, dtype=bool)
+    if a.c.switch_code < 0 or not a.n:
         return out
-    order = np.lexsort((np.arange(s.n), s.cpu))
-    same = s.cpu[order][1:] == s.cpu[order][:-1]
+    order = a.cpu_segments[0]  # events with a CPU by (cpu, index), as the sched rules read them
+    same = a.cpu[order][1:] == a.cpu[order][:-1]
     cur, nxt = order[:-1][same], order[1:][same]
-    out[cur] = (s.ev[cur] == s.c.switch_code) & (s.tid[cur] >= 0) & (s.tid[nxt] >= 0) & (s.tid[cur] != s.tid[nxt])
+    out[cur] = (a.ev[cur] == a.c.switch_code) & (a.tid[cur] >= 0) & (a.tid[nxt] >= 0) & (a.tid[cur] != a.tid[nxt])
     return out
 
 
@@ -648,7 +648,7 @@ def _fallback_victims(s: _State) -> np.ndarray:
     parts.append(np.where(fp.extra.get("kind", np.zeros(0, np.int64)) == 1, fp.idx, stale))
     parts.append(fp.idx[(stale >= 0) & c.is_exit[s.ev[fp.idx]]])  # a wrong exit goes with its entry
     tprev = a.thread_prev
-    separates = _separates_threads(s)
+    separates = _separates_threads(a)
     for rule, pred_of in (("transition.global", lambda i: i - 1), ("transition.thread", lambda i: tprev[i])):
         i = found[rule].idx
         p = pred_of(i)
