@@ -7,6 +7,10 @@ A lent GPU machine is gone once its run ends; what it measured stays in the run'
 (`validate.log`) and the served workload with each request's measured TTFT/TPOT (`serving.json`). This prints,
 for the predictor as it is now: forward-latency MAPE per phase on those held-out forwards, and the simulated
 TTFT/TPOT of the served workload, each beside what the run itself printed.
+
+It reads the model's traces that the GPU run cached in its DB. They are keyed by a digest of the tracing code
+(`dooly.profiler.traces.tracer_version`: tracer, taint, signature, engines), so once that code changes they
+are stale, and tracing anew needs the GPU: rerun `bench/cuda_check.sh` on one.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from dooly.cli.serve import _sched_config  # noqa: E402
 from dooly.engines import get_engine  # noqa: E402
+from dooly.errors import DoolyError  # noqa: E402
 from dooly.predictor import Predictor  # noqa: E402
 from dooly.profiler import timing  # noqa: E402
 from dooly.simulator import CachedLatency, parse_workload, simulate  # noqa: E402
@@ -57,7 +62,11 @@ def main() -> None:
     timing.hardware_fingerprint = lambda device, threads=None: gpu
     engine = get_engine(device="cpu")
     engine.device = "cuda"  # context and clock of the GPU run; nothing is executed
-    pred = Predictor.for_model(args.model, db, engine, threads=1)
+    try:
+        pred = Predictor.for_model(args.model, db, engine, threads=1)
+    except DoolyError as exc:
+        sys.exit(f"{db}: cannot predict {args.model} from the GPU run's traces (stale once the tracing code changes; "
+                 f"rerun bench/cuda_check.sh on a GPU): {exc}")
     print(f"{args.model} on {gpu}: overhead {'max(kernels, host)' if pred.overhead.overlapped else 'kernels + host'}")
 
     rows = held_out_forwards(args.run / "validate.log")
