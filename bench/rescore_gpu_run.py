@@ -64,9 +64,10 @@ def main() -> None:
     engine.device = "cuda"  # context and clock of the GPU run; nothing is executed
     try:
         pred = Predictor.for_model(args.model, db, engine, threads=1)
-    except DoolyError as exc:
-        sys.exit(f"{db}: cannot predict {args.model} from the GPU run's traces (stale once the tracing code changes; "
-                 f"rerun bench/cuda_check.sh on a GPU): {exc}")
+    except DoolyError as exc:  # skipped as the other benches skip what this machine cannot run (`make bench`)
+        print(f"skipped: {db}: cannot predict {args.model} from the GPU run's traces (stale once the tracing code "
+              f"changes; rerun bench/cuda_check.sh on a GPU): {exc}")
+        return
     print(f"{args.model} on {gpu}: overhead {'max(kernels, host)' if pred.overhead.overlapped else 'kernels + host'}")
 
     rows = held_out_forwards(args.run / "validate.log")
