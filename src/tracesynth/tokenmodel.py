@@ -376,7 +376,7 @@ class TokenModel:
         known = torch.zeros(chains, L, dtype=torch.bool)
         labels = np.zeros((chains, 0), dtype=np.int64)  # chain-global thread label of each emitted event
         next_label = np.ones(chains, dtype=np.int64)
-        kernel = KernelGuide(self.codec, self.kernel, chains, L, per_chain) if guide == "kernel" else None
+        kernel = KernelGuide(self.codec, self.kernel, chains, L) if guide == "kernel" else None
         for w in range(n_windows):
             if kernel is not None:
                 kernel.start_window(tokens["tid"][:, :K].numpy() if w else None, labels[:, -K:] if w else None)
@@ -406,12 +406,13 @@ class TokenModel:
         if kernel is not None:
             next_label = kernel.next_glob
         offset = np.concatenate([[0], np.cumsum(next_label - 1)[:-1]])[:, None]
-        if kernel is not None:
-            seqs["tid"] = kernel.fill_placeholders(labels, seqs["cpu"], offset)
-        else:
-            seqs["tid"] = np.where(labels > 0, labels + offset, 0)
+        seqs["tid"] = np.where(labels > 0, labels + offset, 0)
         ends = _seam_ends(seqs["event"], self.vocab["event"])
-        flat = {c: np.concatenate([v[b, : ends[b]] for b in range(chains)])[:n_events] for c, v in seqs.items()}
+        if kernel is not None:  # with the switches that hand a CPU from one chain's thread to the next one's
+            flat = kernel.join_chains(seqs, ends)
+        else:
+            flat = {c: np.concatenate([v[b, : ends[b]] for b in range(chains)]) for c, v in seqs.items()}
+        flat = {c: v[:n_events] for c, v in flat.items()}
         gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
         windows = dict(flat)
         windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std

@@ -27,10 +27,10 @@ TINY = dict(context=32, d_model=32, n_layers=2, n_heads=2, batch_size=8, overlap
 EVENTS = ["<unk>", "sched_switch", "syscall_entry_read", "syscall_exit_read", "foo", "syscall_entry_exit_group"]
 
 
-def _guide(convention: str, chains: int = 1, keep: int = 8) -> KernelGuide:
-    """A guide over a 5-event vocabulary, 2 CPUs (tokens 2, 3), 4 thread labels; chains keep `keep` events."""
+def _guide(convention: str, chains: int = 1) -> KernelGuide:
+    """A guide over a 5-event vocabulary, 2 CPUs (tokens 2, 3), 4 thread labels."""
     codec = ChannelCodec(events=EVENTS, cpus=[0, 1], max_tids=4)
-    return KernelGuide(codec, KernelFacts(convention), chains, window=8, snapshot_at=keep)
+    return KernelGuide(codec, KernelFacts(convention), chains, window=8)
 
 
 def _step(g: KernelGuide, j: int, cpu: int, tid: int, event: str) -> None:
@@ -70,20 +70,30 @@ def test_guide_masks_follow_the_cpu_and_the_open_call(convention: str) -> None:
     assert _events(g, 2, 1) == {"<unk>", "sched_switch", "foo"}
 
 
-def test_an_appended_chain_starts_each_cpu_with_the_switch_of_the_thread_left_there() -> None:
-    g = _guide("prev", chains=2, keep=1)
-    # chain 1 follows chain 0: on either CPU its first event is a sched_switch of a placeholder thread
-    drawn = {"cpu": torch.tensor([2, 2])}
-    assert g.allowed("tid", drawn)[1].tolist() == [True, False, False, False, False]  # labels 0..4
-    drawn["tid"] = torch.tensor([1, 0])
-    ev = g.allowed("event", drawn)
-    assert ev[1].tolist() == [False, True, False, False, False, False] and ev[0].all()
-    drawn["event"] = torch.tensor([EVENTS.index("foo"), EVENTS.index("sched_switch")])
-    g.commit(0, drawn)
-    assert g.glob[:, 0].tolist() == [1, -1]
-    # chain 0 left its thread 1 current on CPU 0: chain 1's placeholder becomes that thread
-    filled = g.fill_placeholders(g.glob[:, :1], np.array([[2], [2]]), offset=np.array([[0], [1]]))
-    assert filled.tolist() == [[1], [1]]
+@pytest.mark.parametrize("convention", ["prev", "next"])
+def test_joined_chains_hand_each_cpu_over_with_a_switch(convention: str) -> None:
+    g = _guide(convention, chains=2)
+    sw, foo = EVENTS.index("sched_switch"), EVENTS.index("foo")
+    # chain 0 (threads 1, 2) leaves thread 1 on CPU 0 (token 2) and switches thread 2 out of CPU 1 (token 3);
+    # chain 1 (threads 3, 4) runs thread 3 on CPU 1, then thread 4 on CPU 0; its last event is cut off
+    seqs = {
+        "event": np.array([[foo, foo, sw, foo], [foo, foo, foo, foo]]),
+        "cpu": np.array([[2, 3, 3, 2], [3, 2, 2, 3]]),
+        "tid": np.array([[1, 2, 2, 1], [3, 4, 4, 3]]),
+        "comm": np.array([[5, 6, 6, 5], [7, 8, 8, 7]]),
+        "dt": np.array([[3, 3, 3, 3], [3, 3, 3, 3]]),
+        "ret": np.zeros((2, 4), np.int64),
+    }
+    out = g.join_chains(seqs, ends=np.array([4, 3]))
+    if convention == "prev":  # CPU 1 was left free; thread 1 switches out of CPU 0 before thread 4 runs there
+        assert out["event"].tolist() == [foo, foo, sw, foo, foo, sw, foo, foo]
+        assert out["tid"].tolist() == [1, 2, 2, 1, 3, 1, 4, 4]
+        assert out["comm"][5] == 5 and out["dt"][5] == 0 and out["cpu"][5] == 2
+    else:  # "next": chain 0's switch handed CPU 1 to thread 2; switches hand both CPUs to chain 1's threads
+        assert out["event"].tolist() == [foo, foo, sw, foo, sw, foo, sw, foo, foo]
+        assert out["tid"].tolist() == [1, 2, 2, 1, 3, 3, 4, 4, 4]
+        assert out["cpu"].tolist() == [2, 3, 3, 2, 3, 3, 2, 2, 2]
+    assert _guide(convention, chains=2).join_chains(seqs, ends=np.array([4, 0]))["tid"].tolist() == [1, 2, 2, 1]
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +115,6 @@ def test_guided_samples_break_no_kernel_invariant_unguided_ones_do(fitted, real)
         rep = check_trace(guided, rules)
         assert {r: rep.counts[r] for r in KERNEL} == dict.fromkeys(KERNEL, 0), seed
         assert guided.metadata["guide"] == "kernel" and len(guided) == 800
-        # the chains are appended: the switches that open them are filled with a thread
-        switch = np.asarray(guided.table["event"].to_pylist()) == "sched_switch"
-        assert (guided.numeric("tid", -1)[switch] > 0).all()
         plain = check_trace(fitted.sample(800, seed=seed, guide="none"), rules)
         for r in KERNEL:
             unguided[r] += plain.counts[r]
