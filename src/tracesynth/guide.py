@@ -243,8 +243,7 @@ class KernelGuide:
     def join_chains(self, seqs: Mapping[str, np.ndarray], ends: np.ndarray) -> dict[str, np.ndarray]:
         """The chains' first `ends[b]` events concatenated ({channel: [b, n]} tokens, chain-global thread ids),
         with a sched_switch inserted where a chain first runs a thread on a CPU that the chains before left to
-        another: the switch that hands the CPU over ("prev": the leaving thread's, "next": the coming one's),
-        at a zero gap."""
+        another: the switch that hands the CPU over ("prev": the leaving thread's, "next": the coming one's)."""
         carry = np.zeros(self.n_cpu, np.int64)  # the thread current on each CPU after the chains so far
         carry_comm = np.zeros(self.n_cpu, np.int64)  # its command token
         parts: dict[str, list[np.ndarray]] = {c: [] for c in seqs}
@@ -265,7 +264,8 @@ class KernelGuide:
                     need, who, comm = on & (carry > 0) & ~closes[at], tid[at], ch["comm"][at]
                 cpus = np.flatnonzero(need)
                 add = {c: np.zeros(len(cpus), np.int64) for c in ch}
-                add.update(event=np.full(len(cpus), self.switch), cpu=cpus, tid=who[cpus], comm=comm[cpus])
+                add.update(event=np.full(len(cpus), self.switch), cpu=cpus, tid=who[cpus], comm=comm[cpus],
+                           dt=ch["dt"][first[cpus]])  # the gap bucket of the event it precedes (0 broke dt.event)
                 ch = {c: np.insert(v, first[cpus], add[c]) for c, v in ch.items()}
             for c, v in ch.items():
                 parts[c].append(v)
