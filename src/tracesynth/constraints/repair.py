@@ -314,6 +314,9 @@ def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -
     fixes["transition.global"] += len(fg.idx)
     fixes["transition.thread"] += len(ft.idx)
     tprev = a.thread_prev
+    # a switch between two threads' runs that no type can replace is kept and what precedes it dropped (dropping
+    # the switch merged the runs, and the CPU fix inserted a switch back, in a loop)
+    separates = _separates_threads(a)
     # a syscall event that pairs correctly is the skeleton the pairing fix built: resample its
     # predecessor instead when that one is free to change
     sys_ev = (c.is_entry[s.ev] | c.is_exit[s.ev]) & (s.tid >= 0)
@@ -356,7 +359,10 @@ def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -
         # event relaxes what cannot be met (next-compatibility, then the thread) and the pairing
         # fix settles the rest
         fits = full.sum(axis=1) > 0
-        drop.append(i[~fits & keep_out])
+        stuck = ~fits & keep_out
+        before_switch = stuck & separates[i] & (pred[i] >= 0)
+        drop.append(i[stuck & ~before_switch])
+        drop.append(pred[i[before_switch]])
         use = np.where(fits[:, None], full, w)
         use = np.where((use.sum(axis=1) > 0)[:, None], use, base * mask_g)
         use = np.where((use.sum(axis=1) > 0)[:, None], use, base)
