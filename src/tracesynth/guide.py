@@ -16,8 +16,8 @@ Chains are drawn in parallel, so a chain cannot know which thread the chain befo
 CPU. `join_chains` concatenates them and, where a chain first runs a thread on a CPU that the chains
 before left to another, inserts the sched_switch that hands the CPU over, as the kernel would have
 logged it. (Forcing that switch as the chain's first event on the CPU instead, with the model seeing a
-thread-less switch, derailed the chains into idle-CPU timer loops: 9.5% timer events in a stream
-sample against 2.2% in the real trace and 2.3% with the switches inserted afterwards.)
+thread-less switch, derailed the chains into idle-CPU timer loops: the event mix of the shipped model's
+guided scimark2 sample was 0.49 (total variation) from its unguided one, 0.14 with the switches inserted.)
 
 The guide also keeps each window's thread labels (per-window, first-seen order, as the model saw in
 training) bound to the chain-global ones, so a thread current on a CPU keeps its identity even
@@ -160,7 +160,7 @@ class KernelGuide:
         if channel == "tid":
             return torch.from_numpy(self._tid_mask(drawn["cpu"].numpy()))
         if channel == "event":
-            return torch.from_numpy(self._event_mask(drawn["cpu"].numpy(), drawn["tid"].numpy()))
+            return torch.from_numpy(self._event_mask(drawn["tid"].numpy()))
         if channel == "ret":
             m = np.ones((self.b, self.n_ret), bool)
             m[self.is_sys_exit[drawn["event"].numpy()], self.bad_ret] = False
@@ -192,7 +192,7 @@ class KernelGuide:
         """Global label of drawn window labels (0: none yet, a new thread; or no thread)."""
         return np.where(tid > 0, self.lab2glob[self.rows, tid], 0)
 
-    def _event_mask(self, cpu: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    def _event_mask(self, tid: np.ndarray) -> np.ndarray:
         m = np.ones((self.b, self.V), bool)
         g = self._glob_of(tid)
         state = np.where(g > 0, self.open[self.rows, g], NEVER)
