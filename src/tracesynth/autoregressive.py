@@ -137,7 +137,8 @@ class Autoregressive(TokenModel):
             z = h  # + the embeddings of this event's channels drawn so far (net.head, one channel at a time)
             for i, c in enumerate(ORDER):
                 allowed = guide.allowed(c, drawn) if guide is not None else None
-                drawn[c], _ = self._draw(net.head_of(z, i), c, gen, allowed)
+                instead = guide.instead(c, drawn) if guide is not None else None
+                drawn[c], _ = self._draw(net.head_of(z, i), c, gen, allowed, instead)
                 tokens[c][:, j] = drawn[c]
                 if i + 1 < len(ORDER):
                     z = z + net.given[f"c_{c}"](drawn[c])

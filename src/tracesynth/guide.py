@@ -10,7 +10,9 @@ which tokens may come next, given the state of its chain:
 
 Then: on a CPU with a current thread the tid is that thread; on a free CPU it is a thread current
 nowhere or a new one; a thread inside call X may neither enter a call nor exit any but X, one with
-no open call may not exit; a syscall exit's return is never the "below -MAX_ERRNO" bucket.
+no open call may not exit; a syscall exit's return is never the "below -MAX_ERRNO" bucket. The sampler
+draws each channel freely and redraws within the mask only where its draw is refused, except that an event
+refused because its thread is inside a call becomes that call's exit (`instead`).
 
 Chains are drawn in parallel, so a chain cannot know which thread the chain before it leaves on each
 CPU. `join_chains` concatenates them and, where a chain first runs a thread on a CPU that the chains
@@ -166,6 +168,19 @@ class KernelGuide:
             m[self.is_sys_exit[drawn["event"].numpy()], self.bad_ret] = False
             return torch.from_numpy(m)
         return None
+
+    def instead(self, channel: str, drawn: Mapping[str, torch.Tensor]) -> np.ndarray | None:
+        """[b] per chain, the token to take where the sampler's own draw of `channel` is refused (-1: a draw
+        within the mask), or None. For the event: the exit of the thread's open call. The model refused there
+        drew another syscall as if the open one had returned; taking its exit keeps the model on its course,
+        where a draw within the mask pushed it elsewhere (the shipped model's guided scimark2 sample: 3-gram JSD
+        to the held-out block 0.122 / 0.062 for seeds 0 / 1 with redraws, 0.052 / 0.046 with the exit taken,
+        0.073 / 0.035 unguided)."""
+        if channel != "event":
+            return None
+        g = self._glob_of(drawn["tid"].numpy())
+        state = np.where(g > 0, self.open[self.rows, g], NEVER)
+        return np.where(state >= 0, self.exit_of_call[np.maximum(state, 0)], -1)
 
     def _tid_mask(self, cpu: np.ndarray) -> np.ndarray:
         m = np.zeros((self.b, self.T + 1), bool)

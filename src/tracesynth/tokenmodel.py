@@ -421,10 +421,23 @@ class TokenModel:
         return codec.decode(windows, metadata=meta)
 
     def _draw(
-        self, logits: torch.Tensor, c: str, gen: torch.Generator, allowed: torch.Tensor | None = None
+        self, logits: torch.Tensor, c: str, gen: torch.Generator, allowed: torch.Tensor | None = None,
+        instead: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A token of channel c from softmax(logits / temperature) over tokens seen in training (and
-        `allowed`, a guide's mask: the allowed ones alone where none of them was seen), and its log-prob."""
+        `allowed`, a guide's mask: the allowed ones alone where none of them was seen), and its log-prob.
+        With `instead` ([b] tokens, -1 for none): the model draws freely, and where the mask refuses its draw,
+        a chain with an `instead` token takes that one (a chain without redraws within the mask)."""
+        if instead is not None and allowed is not None:
+            own, own_lp = self._draw(logits, c, gen)
+            refused = ~allowed.gather(-1, own[..., None])[..., 0]
+            if not bool(refused.any()):
+                return own, own_lp
+            masked, masked_lp = self._draw(logits, c, gen, allowed)
+            alt = torch.as_tensor(instead, dtype=torch.long)
+            take = refused & (alt >= 0)
+            out = torch.where(refused, torch.where(take, alt.clamp(min=0), masked), own)
+            return out, torch.where(refused, masked_lp, own_lp)  # the log-prob of a substituted token is not used
         ok = self.seen[c]
         if allowed is not None:
             both = allowed & ok

@@ -70,6 +70,18 @@ def test_guide_masks_follow_the_cpu_and_the_open_call(convention: str) -> None:
     assert _events(g, 2, 1) == {"<unk>", "sched_switch", "foo"}
 
 
+def test_an_event_refused_inside_a_call_becomes_the_calls_exit() -> None:
+    g = _guide("prev")
+    on = {"cpu": torch.tensor([2]), "tid": torch.tensor([1])}
+    assert g.instead("event", on).tolist() == [-1] and g.instead("tid", on) is None  # no call open: a redraw
+    _step(g, 0, 2, 1, "syscall_entry_read")
+    assert g.instead("event", on).tolist() == [EVENTS.index("syscall_exit_read")]
+    _step(g, 1, 2, 1, "syscall_exit_read")
+    assert g.instead("event", on).tolist() == [-1]
+    _step(g, 2, 2, 1, "syscall_entry_exit_group")  # a call without an exit token stays open: nothing to take
+    assert g.instead("event", on).tolist() == [-1]
+
+
 @pytest.mark.parametrize("convention", ["prev", "next"])
 def test_joined_chains_hand_each_cpu_over_with_a_switch(convention: str) -> None:
     g = _guide(convention, chains=2)

@@ -12,6 +12,7 @@ import torch
 
 from tracesynth.collect import sha256_file
 from tracesynth.constraints import check_trace, mine_rules, repair_trace
+from tracesynth.evaluate.metrics import ngram_jsd
 from tracesynth.generator import load_generator
 from tracesynth.io import read_trace
 
@@ -89,3 +90,15 @@ def test_the_guide_keeps_the_models_event_mix(model) -> None:
         for w in model.workloads
     }
     assert max(dist.values()) < 0.25 and sum(dist.values()) / len(dist) < 0.15, dist
+
+
+def test_a_guided_sample_keeps_the_unguided_ones_trigram_fidelity(model) -> None:
+    """Where the guide refuses an event because its thread is inside a call, the sampler takes that call's exit:
+    redrawing within the mask instead pushed the model off its course (scimark2's guided sample: 3-gram JSD to
+    the held-out block 0.122, unguided 0.073; with the exit taken 0.052)."""
+    trace = read_trace(REPO / "data" / "scimark2.parquet")
+    d = next(x for x in model.history["training"]["data"] if x["workload"] == "scimark2")
+    held_out = trace.slice(d["train_events"], len(trace))
+    jsd = {g: ngram_jsd(held_out, model.sample(20000, seed=0, workload="scimark2", guide=g), 3)
+           for g in ("kernel", "none")}
+    assert jsd["kernel"] < 1.2 * jsd["none"], jsd
