@@ -19,7 +19,7 @@ CPU. `join_chains` concatenates them and, where a chain first runs a thread on a
 before left to another, inserts the sched_switch that hands the CPU over, as the kernel would have
 logged it. (Forcing that switch as the chain's first event on the CPU instead, with the model seeing a
 thread-less switch, derailed the chains into idle-CPU timer loops: the event mix of the shipped model's
-guided scimark2 sample was 0.49 (total variation) from its unguided one, 0.14 with the switches inserted.)
+guided scimark2 sample was 0.49 (total variation) from its unguided one, 0.16 with the switches inserted.)
 
 The guide also keeps each window's thread labels (per-window, first-seen order, as the model saw in
 training) bound to the chain-global ones, so a thread current on a CPU keeps its identity even

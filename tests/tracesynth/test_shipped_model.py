@@ -82,7 +82,7 @@ def test_the_guide_keeps_the_models_event_mix(model) -> None:
     """The guide only masks draws that would break a kernel invariant, so a guided sample keeps the event mix of
     the unguided one. Appended chains used to open each CPU with a forced, thread-less sched_switch, which threw
     them into idle-CPU timer loops (distance 0.30 / 0.49 / 0.21 / 0.36 on compress / scimark2 / sqlite / stream,
-    mean 0.24 over the six; 0.01 / 0.14 / 0.04 / 0.20, mean 0.09 since the switches are inserted at the joins; two
+    mean 0.24 over the six; 0.02 / 0.16 / 0.02 / 0.17, mean 0.08 since the switches are inserted at the joins; two
     unguided samples of seeds 0 and 1 differ by 0.03-0.21, mean 0.13)."""
     dist = {
         w: _event_mix_distance(model.sample(4000, seed=0, workload=w, guide="kernel"),
