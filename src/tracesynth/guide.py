@@ -265,27 +265,27 @@ class KernelGuide:
         for b in range(self.b):
             n = int(ends[b])
             ch = {c: v[b, :n] for c, v in seqs.items()}
-            cpu, tid, closes = ch["cpu"], ch["tid"], self.closes[ch["event"]]
+            cpu, tid, comms, closes = ch["cpu"], ch["tid"], ch["comm"], self.closes[ch["event"]]
             pos = np.flatnonzero((cpu >= 2) & ((tid > 0) | closes))  # events that tell who runs on their CPU
             first, last = np.full(self.n_cpu, n), np.full(self.n_cpu, -1)
             np.minimum.at(first, cpu[pos], pos)
             np.maximum.at(last, cpu[pos], pos)
             on = last >= 0
+            joined = ch
             if self.switch >= 0 and len(pos):
                 at = np.minimum(first, n - 1)
                 if self.prev:  # the thread left there switches out before this chain's first one runs
                     need, who, comm = on & (carry > 0), carry, carry_comm
                 else:  # unless this chain's first event there is a switch, one hands the CPU to its thread
-                    need, who, comm = on & (carry > 0) & ~closes[at], tid[at], ch["comm"][at]
+                    need, who, comm = on & (carry > 0) & ~closes[at], tid[at], comms[at]
                 cpus = np.flatnonzero(need)
                 add = {c: np.zeros(len(cpus), np.int64) for c in ch}
                 add.update(event=np.full(len(cpus), self.switch), cpu=cpus, tid=who[cpus], comm=comm[cpus],
                            dt=ch["dt"][first[cpus]])  # the gap bucket of the event it precedes (0 broke dt.event)
-                ch = {c: np.insert(v, first[cpus], add[c]) for c, v in ch.items()}
-            for c, v in ch.items():
+                joined = {c: np.insert(v, first[cpus], add[c]) for c, v in ch.items()}
+            for c, v in joined.items():
                 parts[c].append(v)
             if len(pos):  # a CPU runs the thread of its last such event ("prev": none after a switch or exit)
-                now = np.where(closes[last] & self.prev, 0, tid[last])
-                carry = np.where(on, now, carry)
-                carry_comm = np.where(on, seqs["comm"][b, :n][last], carry_comm)
+                carry = np.where(on, np.where(closes[last] & self.prev, 0, tid[last]), carry)
+                carry_comm = np.where(on, comms[last], carry_comm)
         return {c: np.concatenate(v) for c, v in parts.items()}
