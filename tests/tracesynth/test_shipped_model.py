@@ -27,6 +27,16 @@ def model():
     return load_generator(MODEL)
 
 
+@pytest.fixture(scope="module")
+def scimark2(model):
+    """scimark2's trace cut where the checkpoint's training stopped (train, held out), and a guided 20,000-event
+    sample of it (drawn once for the tests that read it)."""
+    trace = read_trace(REPO / "data" / "scimark2.parquet")
+    d = next(x for x in model.history["training"]["data"] if x["workload"] == "scimark2")
+    guided = model.sample(20000, seed=0, workload="scimark2", guide="kernel")
+    return trace.slice(0, d["train_events"]), trace.slice(d["train_events"], len(trace)), guided
+
+
 def test_checkpoint_was_trained_on_the_shipped_data_held_out_last_30_percent(model) -> None:
     manifest = json.loads((REPO / "data" / "manifest.json").read_text())
     shipped = {p.name for p in (REPO / "data").glob("*.parquet")}
@@ -55,17 +65,15 @@ def test_guided_sample_of_a_workload_keeps_the_kernel_invariants(model, workload
     assert sum(n for e, n in counts.items() if e in real) / len(synth) > 0.95
 
 
-def test_repair_of_a_guided_sample_edits_about_what_breaks_a_rule(model) -> None:
+def test_repair_of_a_guided_sample_edits_about_what_breaks_a_rule(scimark2) -> None:
     """A guided sample used to break rules at its chain seams (a chain's first sched_switch after another chain's
     last event), and repair, dropping the switch, merged two threads' CPU segments and cascaded (8.5% of this
     sample's events edited for 0.15% breaking a rule). Chains are now cut where the next one can follow, and
     repair drops what precedes such a switch instead. The transition fix, too, used to drop a switch between two
     threads' runs that no type could replace; the CPU fix inserted one back, in a loop until the fallback dropped
     1,000 events of this sample (6.2% edited for 0.19% breaking a rule)."""
-    trace = read_trace(REPO / "data" / "scimark2.parquet")
-    d = next(x for x in model.history["training"]["data"] if x["workload"] == "scimark2")
-    rules = mine_rules([trace.slice(0, d["train_events"])])
-    synth = model.sample(20000, seed=0, workload="scimark2", guide="kernel")
+    train, _, synth = scimark2
+    rules = mine_rules([train])
     breaks = check_trace(synth, rules).rate
     fixed, rep = repair_trace(synth, rules, seed=0)
     assert 0 < breaks < 0.01 and check_trace(fixed, rules).total == 0
@@ -92,13 +100,11 @@ def test_the_guide_keeps_the_models_event_mix(model) -> None:
     assert max(dist.values()) < 0.25 and sum(dist.values()) / len(dist) < 0.15, dist
 
 
-def test_a_guided_sample_keeps_the_unguided_ones_trigram_fidelity(model) -> None:
+def test_a_guided_sample_keeps_the_unguided_ones_trigram_fidelity(model, scimark2) -> None:
     """Where the guide refuses an event because its thread is inside a call, the sampler takes that call's exit:
     redrawing within the mask instead pushed the model off its course (scimark2's guided sample: 3-gram JSD to
     the held-out block 0.122, unguided 0.073; with the exit taken 0.052)."""
-    trace = read_trace(REPO / "data" / "scimark2.parquet")
-    d = next(x for x in model.history["training"]["data"] if x["workload"] == "scimark2")
-    held_out = trace.slice(d["train_events"], len(trace))
-    jsd = {g: ngram_jsd(held_out, model.sample(20000, seed=0, workload="scimark2", guide=g), 3)
-           for g in ("kernel", "none")}
+    _, held_out, guided = scimark2
+    jsd = {"kernel": ngram_jsd(held_out, guided, 3),
+           "none": ngram_jsd(held_out, model.sample(20000, seed=0, workload="scimark2", guide="none"), 3)}
     assert jsd["kernel"] < 1.2 * jsd["none"], jsd
