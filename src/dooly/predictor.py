@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,6 +255,10 @@ class Predictor:
         # filled by for_model(shape=True): per pass, the signatures predicted from shape alone (never measured)
         self.shape_predicted: dict[str, list[ShapeFill]] = {}
 
+    def signature_keys(self) -> set[str]:
+        """Every operator signature of the model's passes (all phases and branches)."""
+        return {s.key for tr in self.traces.values() for s in tr.all_unique()}  # type: ignore[attr-defined]
+
     def branch_key(self, phase: str, values: Mapping[str, int]) -> str:
         """The pass the engine runs in ``phase`` at ``values``: the phase, or ``phase/i`` for its i-th side."""
         tr = self.traces.get(phase)
@@ -350,7 +355,8 @@ class Predictor:
             pred.shape_predicted = fills
             # with the shape model's points: a --budget profile's own calibration forwards ran every signature
             pred.overhead = fit_overhead(store, ctx, engine, pts_model, method, own=None if holdout else name,
-                                         exclude=name if holdout else None)  # fmt: skip
+                                         exclude=name if holdout else None,
+                                         signatures=pred.signature_keys())  # fmt: skip
         return pred
 
     def shape_share(self, phase: str, values: Mapping[str, int]) -> tuple[float, float]:
@@ -478,37 +484,49 @@ def method_errors(
     return out
 
 
-def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclude: str | None = None) -> OverheadModel:  # type: ignore[no-untyped-def]
+def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclude: str | None = None,
+                 signatures: Collection[str] = ()) -> OverheadModel:  # type: ignore[no-untyped-def]
     """Fit the framework overhead from the real forwards stored under ``ctx``.
 
-    A model with calibration forwards of its own (``own``) is fitted on those alone: the Python cost around
-    each op differs between architectures (module layout, norms, biases). A model never run on this machine
-    gets the fit over every model in the DB (``exclude``: a model whose forwards are left out, to predict it
-    as if it had never run here).
+    A model with calibration forwards of its own (``own``; its half-depth ones included) is fitted on those
+    alone: the Python cost around each op differs between architectures (module layout, norms, biases). A
+    model never run on this machine is fitted on the models whose passes hold every one of its
+    ``signatures`` (its architecture at another depth or under another name), else on every model in the DB
+    (``exclude``: a model whose forwards are left out, to predict it as if it had never run here).
     """
     from dooly.profiler import model_traces
 
-    rows, own_rows = [], []
-    by_model: dict[str, Predictor] = {}
-    for model, phase, values, m in store.forwards(ctx):
-        if "#holdout" in model:  # validation measurements never train the predictor
+    rows: dict[str, list] = {}  # model -> its rows (every calibration round and depth of it)
+    by_key: dict[str, Predictor] = {}
+    for key, phase, values, m in store.forwards(ctx):
+        if "#holdout" in key:  # validation measurements never train the predictor
             continue
-        if exclude is not None and model.split("#")[0] == exclude:
+        model = key.split("#")[0]
+        if exclude is not None and model == exclude:
             continue
-        if model not in by_model:
-            base = model.split("#")[0]  # "<name>#round2": another calibration round of the same model
-            cfg_json = store.get_trace("config", base, "config")
+        variant = re.sub(r"#round\d+$", "", key)  # "<name>#round2": another round; "<name>#layers15": a depth
+        if variant not in by_key:
+            cfg_json = store.get_trace("config", variant, "config")
             if cfg_json is None:
                 continue
-            by_model[model] = Predictor(model, model_traces(base, json.loads(cfg_json), engine, store), pts, method)
-        p = by_model[model]
-        rows.append((phase, p.ops_latency(phase, values), p.records_at(phase, values), values, m.median_s))
-        if own is not None and model.split("#")[0] == own:
-            own_rows.append(rows[-1])
+            by_key[variant] = Predictor(variant, model_traces(variant, json.loads(cfg_json), engine, store), pts,
+                                        method)  # fmt: skip
+        p = by_key[variant]
+        rows.setdefault(model, []).append((phase, p.ops_latency(phase, values), p.records_at(phase, values), values,
+                                           m.median_s))  # fmt: skip
     overlapped = ctx.hardware.startswith("cuda")
-    if {r[0] for r in own_rows} == {"prefill", "decode"}:
-        return OverheadModel.fit(own_rows, overlapped)
-    return OverheadModel.fit(rows, overlapped) if rows else OverheadModel(overlapped=overlapped)
+
+    def fit(models: Collection[str]) -> OverheadModel | None:
+        sel = [r for m in models for r in rows[m]]
+        return OverheadModel.fit(sel, overlapped) if {r[0] for r in sel} == {"prefill", "decode"} else None
+
+    same = [m for m in rows if signatures and set(signatures) <= set().union(
+        *(by_key[v].signature_keys() for v in by_key if v.split("#")[0] == m))]  # fmt: skip
+    for models in ([own] if own in rows else [], same, list(rows)):
+        fitted = fit(models) if models else None
+        if fitted is not None:
+            return fitted
+    return OverheadModel(overlapped=overlapped)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -226,3 +226,52 @@ def test_a_model_with_its_own_calibration_gets_its_own_overhead_fit(tmp_path: Pa
     ops, n = pred_a.ops_latency("prefill", v), pred_a.n_records["prefill"]
     assert ov_a("prefill", ops, n, v) == pytest.approx(ops + 0.01, rel=0.02)
     assert abs(ov_joint("prefill", ops, n, v) - (ops + 0.01)) > 0.05 * (ops + 0.01)  # the other model skews it
+
+
+def test_half_depth_calibration_predicts_the_architecture_at_another_depth(tmp_path: Path) -> None:
+    """Forwards at one depth cannot split a fixed per-pass cost from a per-call one (every pass holds the same
+    calls); with the half-depth ones they can, and a deeper model of the same layers, never run, borrows that
+    fit and is predicted from the slope."""
+    import json
+
+    from test_profile_fixtures import ENGINE
+
+    from dooly.engines import get_engine
+    from dooly.predictor import fit_overhead
+    from dooly.profiler import context_for, trace_cache_key
+    from dooly.store import Measurement, ProfileStore
+    from dooly.zoo import at_depth
+
+    engine = get_engine()
+    full = tiny_config("tiny-a", layers=4)
+    half = at_depth(full, 2)
+    deep = {**at_depth(full, 12), "_name_or_path": "tiny-a-deep"}
+    pts = {s.key: _grid_points(tuple(sorted(s.symbols()))) for tr in tiny_traces(full).values() for s in tr.unique()}
+
+    def real(p: Predictor, phase: str, v: dict) -> float:  # 0.8 x kernels + 2 ms a pass + 20 us a call
+        return 0.8 * p.ops_latency(phase, v) + 2e-3 + 2e-5 * p.records_at(phase, v)
+
+    ctx = context_for(engine, 1)
+    shapes = {"prefill": [{"requests": 1, "tokens": t} for t in (8, 32, 128)],
+              "decode": [{"requests": r, "kv_len": 64} for r in (1, 4, 8)]}  # fmt: skip
+    fits = {}
+    for depths in ((("tiny-a", full),), (("tiny-a", full), ("tiny-a#layers2", half))):
+        path = tmp_path / f"p{len(depths)}.db"
+        with ProfileStore(path) as st:
+            for key, cfg in depths:
+                st.put_trace("config", key, "config", json.dumps(cfg))
+                for phase, tr in tiny_traces(cfg).items():
+                    st.put_trace(f"{ENGINE}:bfloat16", trace_cache_key(key, cfg), phase, tr.to_json())
+                pred = Predictor(key, tiny_traces(cfg), pts)
+                for phase, vs in shapes.items():
+                    for v in vs:
+                        t = real(pred, phase, v)
+                        st.put_forward(ctx, key, phase, v, Measurement(t, t, t, 1, t))
+            sigs = Predictor("tiny-a-deep", tiny_traces(deep), pts).signature_keys()
+            fits[len(depths)] = fit_overhead(st, ctx, engine, pts, "interp", own="tiny-a-deep", signatures=sigs)
+    p_deep = Predictor("tiny-a-deep", tiny_traces(deep), pts)
+    v = {"requests": 4, "kv_len": 256}
+    truth = real(p_deep, "decode", v)
+    ops, n = p_deep.ops_latency("decode", v), p_deep.records_at("decode", v)
+    assert fits[2]("decode", ops, n, v) == pytest.approx(truth, rel=0.02)
+    assert abs(fits[1]("decode", ops, n, v) - truth) > 0.05 * truth  # one depth: the split was a guess

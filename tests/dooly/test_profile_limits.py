@@ -14,9 +14,9 @@ from dooly.cli import app
 from dooly.engines import get_engine
 from dooly.errors import DoolyError
 from dooly.predictor import Predictor
-from dooly.profiler import GridSpec, TimerConfig, make_plan, run_plan, shapes_within
+from dooly.profiler import GridSpec, TimerConfig, context_for, make_plan, run_plan, shapes_within
 from dooly.store import ProfileStore
-from dooly.zoo import max_positions
+from dooly.zoo import at_depth, max_positions
 
 FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
 runner = CliRunner()
@@ -39,6 +39,16 @@ def test_max_positions_reads_every_spelling() -> None:
     assert max_positions({"max_position_embeddings": 4096, "sliding_window": 256, "layer_types": slides}) == 256
     mixed = ["sliding_attention", "full_attention"]
     assert max_positions({"max_position_embeddings": 4096, "sliding_window": 256, "layer_types": mixed}) == 4096
+
+
+def test_at_depth_keeps_the_first_layers_under_any_spelling() -> None:
+    mixed = {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2, "hidden_size": 8}
+    assert at_depth(mixed, 2) == {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+                                  "hidden_size": 8}  # fmt: skip
+    assert mixed["num_hidden_layers"] == 4  # a copy
+    assert at_depth({"n_layer": 12, "n_head": 12}, 6) == {"n_layer": 6, "n_head": 12}
+    assert at_depth({"text_config": {"num_hidden_layers": 8}}, 4) == {"text_config": {"num_hidden_layers": 4}}
+    assert at_depth({"model_type": "rwkv"}, 2) is None
 
 
 def test_grid_is_clamped_to_the_positions() -> None:
@@ -122,6 +132,11 @@ def test_report_and_cli_print_the_same_savings(tmp_path: Path, monkeypatch) -> N
     assert res.exit_code == 0, res.output
     cli = re.search(r"profiling cost: 2 models: .*?([\d.]+)% saved", " ".join(res.output.split()))
     assert cli, res.output
+    with ProfileStore(db, readonly=True) as st:  # calibration also ran each model at half its depth
+        ctx = context_for(get_engine(), 1)
+        assert {m for m, *_ in st.forwards(ctx)} >= {"tiny-a", "tiny-a#round2", "tiny-a#layers1",
+                                                     "tiny-a#layers1#round2"}  # fmt: skip
+        assert json.loads(st.get_trace("config", "tiny-a#layers1", "config"))["num_hidden_layers"] == 1
     res = runner.invoke(app, ["validate", str(paths[0]), "--db", str(db), "--repeats", "1", "--method", "interp"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["report", "--db", str(db), "-o", str(tmp_path / "r.html")])

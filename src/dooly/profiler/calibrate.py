@@ -1,4 +1,9 @@
-"""Calibration: real forwards of the full model, from which the predictor fits the framework overhead."""
+"""Calibration: real forwards of the full model, from which the predictor fits the framework overhead.
+
+The model also runs at half its depth. Within one model every pass holds the same operator calls, so the
+forwards alone cannot tell a fixed cost per pass from a cost per operator call; at two depths they can, and a
+model built from the same layers at another depth is then predicted from the slope, not from a guess.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from dooly.profiler.plan import shapes_within
 from dooly.profiler.timing import clock_of, fixed_threads, measure_forward
 from dooly.signature import canonical_json
 from dooly.store import ProfileContext, ProfileStore, canonical_point
-from dooly.zoo import max_positions
+from dooly.zoo import at_depth, max_positions, num_layers
 
 #: Shapes whose real forwards calibrate the framework overhead; off the grid and off the validation shapes.
 CALIBRATION_SHAPES: dict[str, list[dict[str, int]]] = {
@@ -36,25 +41,33 @@ def calibrate(
     threads: int | None = None,
     repeats: int = 5,
 ) -> float:
-    """Measure and store real forwards of the full model at the calibration shapes; returns seconds spent."""
+    """Measure and store real forwards of the model, and of it at half depth (as ``NAME#layersK``, with its
+    config), at the calibration shapes; returns seconds spent."""
     import torch
 
     shapes = shapes_within(shapes or CALIBRATION_SHAPES, max_positions(config))
-    store.put_trace("config", name, "config", canonical_json(dict(config)))
+    variants = {name: dict(config)}
+    depth = num_layers(config) or 0
+    if depth >= 2:
+        variants[f"{name}#layers{depth // 2}"] = at_depth(config, depth // 2)
     todo = []
-    for k in range(CALIBRATION_ROUNDS):
-        key = name if k == 0 else f"{name}#round{k + 1}"  # the overhead fit reads every round as its own rows
-        have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, key)}
-        todo += [(key, ph, v) for ph, vs in shapes.items() for v in vs if (ph, canonical_point(v)) not in have]
+    for variant, cfg in variants.items():
+        store.put_trace("config", variant, "config", canonical_json(cfg))
+    for k in range(CALIBRATION_ROUNDS):  # round by round, both depths in each, so a slow minute skews neither
+        for variant in variants:
+            key = variant if k == 0 else f"{variant}#round{k + 1}"  # the fit reads every round as its own rows
+            have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, key)}
+            todo += [(variant, key, ph, v) for ph, vs in shapes.items() for v in vs
+                     if (ph, canonical_point(v)) not in have]  # fmt: skip
     if not todo:
         return 0.0
     torch.manual_seed(0)
-    model = engine.build_model(config)
+    models = {variant: engine.build_model(variants[variant]) for variant in dict.fromkeys(t[0] for t in todo)}
     spent = 0.0
     with fixed_threads(threads):
-        for key, ph, v in todo:
-            m = measure_forward(engine, model, ph, v, repeats=repeats, clock=clock_of(ctx))
+        for variant, key, ph, v in todo:
+            m = measure_forward(engine, models[variant], ph, v, repeats=repeats, clock=clock_of(ctx))
             store.put_forward(ctx, key, ph, v, m)
             spent += m.cost_s
-    del model
+    del models
     return spent

@@ -7,6 +7,7 @@ holds one, so a model outside the zoo is traced the same way (nothing downloads)
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -114,6 +115,22 @@ def num_layers(config: Mapping[str, Any]) -> int | None:
     return None
 
 
+def at_depth(config: Mapping[str, Any], layers: int) -> dict[str, Any] | None:
+    """The config with its first ``layers`` decoder layers (per-layer lists such as ``layer_types`` cut to
+    match); None when the config states no layer count."""
+    total = num_layers(config)
+    if total is None:
+        return None
+    out = copy.deepcopy(dict(config))
+    text = out["text_config"] if isinstance(out.get("text_config"), dict) else out
+    for k, v in list(text.items()):
+        if k in ("num_hidden_layers", "n_layer", "num_layers") and v == total:
+            text[k] = layers
+        elif k.endswith("layer_types") and isinstance(v, list) and len(v) == total:
+            text[k] = v[:layers]
+    return out
+
+
 def max_positions(config: Mapping[str, Any]) -> int | None:
     """Most positions one sequence may hold (None: unbounded).
 
@@ -149,5 +166,5 @@ def realistic_list() -> list[str]:
     return [m for group in REALISTIC_GROUPS.values() for m in group]
 
 
-__all__ = ["REALISTIC_GROUPS", "ModelConfig", "list_models", "load_config", "max_positions", "num_layers",
-           "realistic_list", "resolve_model"]  # fmt: skip
+__all__ = ["REALISTIC_GROUPS", "ModelConfig", "at_depth", "list_models", "load_config", "max_positions",
+           "num_layers", "realistic_list", "resolve_model"]  # fmt: skip
