@@ -484,8 +484,8 @@ def method_errors(
     return out
 
 
-def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclude: str | None = None,
-                 signatures: Collection[str] = ()) -> OverheadModel:  # type: ignore[no-untyped-def]
+def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclude: str | None = None,  # type: ignore[no-untyped-def]
+                 signatures: Collection[str] = ()) -> OverheadModel:  # fmt: skip
     """Fit the framework overhead from the real forwards stored under ``ctx``.
 
     A model with calibration forwards of its own (``own``; its half-depth ones included) is fitted on those
