@@ -32,12 +32,20 @@ assert sorted(ORDER) == sorted(CHANNELS)
 
 @dataclass
 class ARConfig(TokenConfig):
-    guide: str = "kernel"  # sampling: "kernel" masks draws with the kernel invariants, "none" does not
+    # sampling: "kernel" masks draws with the kernel invariants, "none" does not; None: kernel where the model
+    # has the cpu and thread channels the guide reads (channels=6), else none
+    guide: str | None = None
 
     what: ClassVar[str] = "autoregressive model"
 
+    def __post_init__(self) -> None:
+        if self.guide is None:
+            self.guide = "kernel" if self.channels == 6 else "none"
+        super().__post_init__()
+
     def _checks(self) -> dict[str, bool]:
-        return {**super()._checks(), "guide in (kernel, none)": self.guide in GUIDES}
+        return {**super()._checks(), "guide in (kernel, none)": self.guide in GUIDES,
+                "the kernel guide only with channels=6": self.guide != "kernel" or self.channels == 6}  # fmt: skip
 
 
 class CausalNet(ChannelTransformer):

@@ -30,13 +30,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from atomicio import atomic_path
-from tracesynth.channels import CHANNELS_6, ChannelCodec
+from tracesynth.channels import CHANNELS_2, CHANNELS_6, ChannelCodec
 from tracesynth.errors import TraceSynthError
 from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
 from tracesynth.optim import resolve_device, warmup_cosine
 from tracesynth.trace import Trace
 
 CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
+CHANNELS_BLANK = tuple(c for c in CHANNELS_6 if c not in CHANNELS_2)  # null under channels=2
 DT_PER_OCTAVE = 4  # gap buckets per factor of two
 N_DT = DT_PER_OCTAVE * 40 + 1  # covers gaps up to 2**40 ns (~18 min); larger gaps share the last bucket
 GAPS_PER_CELL = 16  # real gaps kept per (event, gap bucket) to decode from
@@ -62,6 +63,9 @@ class TokenConfig:
     conditional: bool = False  # learn one vector per workload (trace metadata "workload"); sample(workload=)
     seed: int = 0
     device: str = "cpu"  # where fit trains (cpu, cuda, cuda:N); the fitted network returns to the CPU to sample
+    # 6: event, dt, cpu, tid, comm, ret; 2: event and dt alone (the paper's ablation): the other four are learned
+    # as their null token, so the network is the same and a sample has no cpu, thread, command or return value
+    channels: int = 6
 
     what: ClassVar[str] = "token model"  # for error messages
 
@@ -76,6 +80,7 @@ class TokenConfig:
             "0 <= overlap < context": 0 <= self.overlap < self.context,
             "chains > 0": self.chains > 0,
             "temperature > 0": self.temperature > 0,
+            "channels 2 or 6": self.channels in (2, 6),
         }
 
     def __post_init__(self) -> None:
@@ -229,6 +234,8 @@ class TokenModel:
     def _tokens(self, trace: Trace) -> dict[str, np.ndarray]:
         enc = self.codec.encode(trace)
         enc["dt"] = dt_bucket(_gaps(trace.ts))
+        if self.config.channels == 2:  # only event and dt carry the trace; the rest is null (tid -1: no thread)
+            enc.update({c: np.full(len(trace), -1 if c == "tid" else 0, dtype=np.int64) for c in CHANNELS_BLANK})
         return enc
 
     def _workload_of(self, trace: Trace) -> str:
@@ -358,8 +365,8 @@ class TokenModel:
             known = f"it knows {', '.join(self.workloads)}" if self.workloads else "it is not conditional"
             raise TraceSynthError(f"{self.config.what}: no workload {workload!r} ({known})")
         guide = guide or getattr(self.config, "guide", "none")
-        if guide not in GUIDES or (guide != "none" and not self.guides):
-            can = ", ".join(GUIDES) if self.guides else "none"
+        if guide not in GUIDES or (guide != "none" and not (self.guides and self.config.channels == 6)):
+            can = ", ".join(GUIDES) if self.guides and self.config.channels == 6 else "none"
             raise TraceSynthError(f"{self.config.what}: no guide {guide!r} (it can take {can})")
         cfg = self.config
         L, K = cfg.context, cfg.overlap

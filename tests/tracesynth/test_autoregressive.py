@@ -96,3 +96,20 @@ def test_save_load_roundtrip_through_the_registry(fitted, tmp_path: Path) -> Non
     assert isinstance(gen, Autoregressive) and gen.config.overlap == 16
     with pytest.raises(TraceSynthError, match="autoregressive model config"):
         make_generator({"kind": "ar", "config": {"sample_steps": 3}})
+
+
+def test_two_channels_learn_event_and_gap_alone(real) -> None:
+    """The paper's ablation: with channels=2 the network sees event and gap only; a sample has no cpu, thread,
+    command or return value, and the kernel guide (which reads cpu and thread) is refused."""
+    two = Autoregressive(ARConfig(**TINY, steps=5, channels=2)).fit([real])
+    assert two.config.guide == "none" and ARConfig(**TINY).guide == "kernel"
+    s = two.sample(200, seed=0)
+    assert len(s) == 200 and set(s.table["event"].to_pylist()) <= set(real.table["event"].to_pylist())
+    for col in ("cpu", "tid", "comm", "ret"):
+        assert s.table[col].null_count == len(s), col
+    with pytest.raises(TraceSynthError, match="no guide 'kernel'"):
+        two.sample(100, guide="kernel")
+    with pytest.raises(TraceSynthError, match="kernel guide only with channels=6"):
+        ARConfig(**TINY, channels=2, guide="kernel")
+    with pytest.raises(TraceSynthError, match="channels 2 or 6"):
+        ARConfig(**TINY, channels=3)

@@ -87,7 +87,7 @@ def fit(
         if gen_kind.name in ("masked", "ar"):
             token_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
                          "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed,
-                         "conditional": conditional, "device": device}
+                         "conditional": conditional, "device": device, "channels": channels}
             gen = make_generator({"kind": gen_kind.name, "config": token_cfg}).fit(traces)
             what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
         else:
