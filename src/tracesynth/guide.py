@@ -112,6 +112,9 @@ class KernelGuide:
         self.is_entry, self.is_exit, self.call_of = ev.is_entry, ev.is_exit, ev.call_of
         self.exit_of_call = ev.exit_of_call
         self.switch, self.closes = ev.switch, ev.closes
+        # what a thread inside a call that never returns (exit_group) does last; its tid is not seen again
+        self.last_event = names.index(SCHED_PROCESS_EXIT) if SCHED_PROCESS_EXIT in names else (
+            ev.switch if self.prev else -1)  # fmt: skip
         self.is_sys_exit = np.array([n.startswith(SYSCALL_EXIT) for n in names])
         self.bad_ret = 2 + len(codec.errnos) + N_POS_BINS  # decodes below -MAX_ERRNO
         self.n_ret = codec.vocab_sizes["ret"]
@@ -180,7 +183,13 @@ class KernelGuide:
             return None
         g = self._glob_of(drawn["tid"].numpy())
         state = np.where(g > 0, self.open[self.rows, g], NEVER)
-        return np.where(state >= 0, self.exit_of_call[np.maximum(state, 0)], -1)
+        exit_ = np.where(state >= 0, self.exit_of_call[np.maximum(state, 0)], -1)
+        return np.where((state >= 0) & (exit_ < 0), self.last_event, exit_)
+
+    def _dead(self, g: np.ndarray) -> np.ndarray:
+        """Whether each global label's thread is inside a call with no exit (exit_group): it ends there."""
+        state = self.open[self.rows[:, None] if g.ndim == 2 else self.rows, g]
+        return (g > 0) & (state >= 0) & (self.exit_of_call[np.maximum(state, 0)] < 0)
 
     def _tid_mask(self, cpu: np.ndarray) -> np.ndarray:
         m = np.zeros((self.b, self.T + 1), bool)
@@ -189,7 +198,7 @@ class KernelGuide:
         own = np.where(real, self.owner[self.rows, np.where(real, cpu, 0)], 0)
         # a free CPU (or no CPU): a bound thread current nowhere else, or the next new label
         cur = self.where[self.rows[:, None], self.lab2glob]  # [b, T+1]
-        free_ok = (self.lab2glob > 0) & ((cur == 0) | ~real[:, None])
+        free_ok = (self.lab2glob > 0) & ((cur == 0) | ~real[:, None]) & ~self._dead(self.lab2glob)
         m[:, 1:] = free_ok[:, 1:]
         m[self.rows, self._free_label()] = True
         # a CPU with a current thread: that thread, under its label (bound now if it left the window)
