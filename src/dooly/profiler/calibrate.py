@@ -50,24 +50,27 @@ def calibrate(
     depth = num_layers(config) or 0
     if depth >= 2:
         variants[f"{name}#layers{depth // 2}"] = at_depth(config, depth // 2)
-    todo = []
     for variant, cfg in variants.items():
         store.put_trace("config", variant, "config", canonical_json(cfg))
-    for k in range(CALIBRATION_ROUNDS):  # round by round, both depths in each, so a slow minute skews neither
-        for variant in variants:
+    todo = []
+    for k in range(CALIBRATION_ROUNDS):
+        # both depths in each round, in turn (ABBA: a steady drift of the machine weighs on both alike)
+        for variant in list(variants)[:: 1 if k % 2 == 0 else -1]:
             key = variant if k == 0 else f"{variant}#round{k + 1}"  # the fit reads every round as its own rows
             have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, key)}
             todo += [(variant, key, ph, v) for ph, vs in shapes.items() for v in vs
                      if (ph, canonical_point(v)) not in have]  # fmt: skip
     if not todo:
         return 0.0
-    torch.manual_seed(0)
-    models = {variant: engine.build_model(variants[variant]) for variant in dict.fromkeys(t[0] for t in todo)}
-    spent = 0.0
+    spent, model, built = 0.0, None, None
     with fixed_threads(threads):
         for variant, key, ph, v in todo:
-            m = measure_forward(engine, models[variant], ph, v, repeats=repeats, clock=clock_of(ctx))
+            if variant != built:  # one model in memory at a time (a large model and its half would not fit)
+                model = None
+                torch.manual_seed(0)
+                model, built = engine.build_model(variants[variant]), variant
+            m = measure_forward(engine, model, ph, v, repeats=repeats, clock=clock_of(ctx))
             store.put_forward(ctx, key, ph, v, m)
             spent += m.cost_s
-    del models
+    del model
     return spent
