@@ -177,7 +177,8 @@ def profile_cmd(
     grid: str = _GRID,
     ray_address: str | None = typer.Option(None, "--ray-address", help="Spread the jobs over a Ray cluster."),
     calibrate_overhead: bool = typer.Option(
-        True, "--calibrate/--no-calibrate", help="Also time real forwards to fit the framework overhead."
+        True, "--calibrate/--no-calibrate",
+        help="Also time real forwards (at the model's depth and at half of it) to fit the framework overhead.",
     ),
     engine_name: str = _ENGINE,
     budget: int | None = _BUDGET,
