@@ -14,7 +14,7 @@ from dooly.cli import app
 from dooly.engines import get_engine
 from dooly.errors import DoolyError
 from dooly.predictor import Predictor
-from dooly.profiler import GridSpec, TimerConfig, context_for, make_plan, run_plan, shapes_within
+from dooly.profiler import GridSpec, TimerConfig, context_for, make_plan, run_plan, shapes_within, trace_cache_key
 from dooly.store import ProfileStore
 from dooly.zoo import at_depth, max_positions
 
@@ -136,7 +136,10 @@ def test_report_and_cli_print_the_same_savings(tmp_path: Path, monkeypatch) -> N
         ctx = context_for(get_engine(), 1)
         assert {m for m, *_ in st.forwards(ctx)} >= {"tiny-a", "tiny-a#round2", "tiny-a#layers1",
                                                      "tiny-a#layers1#round2"}  # fmt: skip
-        assert json.loads(st.get_trace("config", "tiny-a#layers1", "config"))["num_hidden_layers"] == 1
+        half = json.loads(st.get_trace("config", "tiny-a#layers1", "config"))
+        assert half["num_hidden_layers"] == 1
+        # and traced there, so commands that only read the DB do not trace it again on every load
+        assert st.get_trace("hf-eager/cpu:bfloat16", trace_cache_key("tiny-a#layers1", half), "decode")
     res = runner.invoke(app, ["validate", str(paths[0]), "--db", str(db), "--repeats", "1", "--method", "interp"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["report", "--db", str(db), "-o", str(tmp_path / "r.html")])

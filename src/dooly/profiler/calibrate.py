@@ -13,6 +13,7 @@ from typing import Any
 from dooly.engines import Engine
 from dooly.profiler.plan import shapes_within
 from dooly.profiler.timing import clock_of, fixed_threads, measure_forward
+from dooly.profiler.traces import model_traces
 from dooly.signature import canonical_json
 from dooly.store import ProfileContext, ProfileStore, canonical_point
 from dooly.zoo import at_depth, max_positions, num_layers
@@ -52,6 +53,9 @@ def calibrate(
         variants[f"{name}#layers{depth // 2}"] = at_depth(config, depth // 2)
     for variant, cfg in variants.items():
         store.put_trace("config", variant, "config", canonical_json(cfg))
+        # traced here, where the store is writable: the overhead fit reads every variant's trace, and commands
+        # that only read the DB would trace it again on every load
+        model_traces(variant, cfg, engine, store)
     todo = []
     for k in range(CALIBRATION_ROUNDS):
         # both depths in each round, in turn (ABBA: a steady drift of the machine weighs on both alike)
