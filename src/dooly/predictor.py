@@ -497,6 +497,7 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
     from dooly.profiler import model_traces
 
     rows: dict[str, list] = {}  # model -> its rows (every calibration round and depth of it)
+    sigs: dict[str, set[str]] = {}  # model -> the signatures of its passes, over its depths
     by_key: dict[str, Predictor] = {}
     for key, phase, values, m in store.forwards(ctx):
         if "#holdout" in key:  # validation measurements never train the predictor
@@ -511,6 +512,7 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
                 continue
             by_key[variant] = Predictor(variant, model_traces(variant, json.loads(cfg_json), engine, store), pts,
                                         method)  # fmt: skip
+            sigs.setdefault(model, set()).update(by_key[variant].signature_keys())
         p = by_key[variant]
         rows.setdefault(model, []).append((phase, p.ops_latency(phase, values), p.records_at(phase, values), values,
                                            m.median_s))  # fmt: skip
@@ -520,8 +522,7 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
         sel = [r for m in models for r in rows[m]]
         return OverheadModel.fit(sel, overlapped) if {r[0] for r in sel} == {"prefill", "decode"} else None
 
-    same = [m for m in rows if signatures and set(signatures) <= set().union(
-        *(by_key[v].signature_keys() for v in by_key if v.split("#")[0] == m))]  # fmt: skip
+    same = [m for m in rows if signatures and set(signatures) <= sigs[m]]
     for models in ([own] if own in rows else [], same, list(rows)):
         fitted = fit(models) if models else None
         if fitted is not None:
