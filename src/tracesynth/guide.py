@@ -12,7 +12,8 @@ Then: on a CPU with a current thread the tid is that thread; on a free CPU it is
 nowhere or a new one; a thread inside call X may neither enter a call nor exit any but X, one with
 no open call may not exit; a syscall exit's return is never the "below -MAX_ERRNO" bucket. The sampler
 draws each channel freely and redraws within the mask only where its draw is refused, except that an event
-refused because its thread is inside a call becomes that call's exit (`instead`).
+refused because its thread is inside a call becomes that call's exit, or, inside exit_group (a call that never
+returns), the thread's last event; such a thread is not run again (`instead`, `_dead`).
 
 Chains are drawn in parallel, so a chain cannot know which thread the chain before it leaves on each
 CPU. `join_chains` concatenates them and, where a chain first runs a thread on a CPU that the chains
@@ -174,21 +175,22 @@ class KernelGuide:
 
     def instead(self, channel: str, drawn: Mapping[str, torch.Tensor]) -> np.ndarray | None:
         """[b] per chain, the token to take where the sampler's own draw of `channel` is refused (-1: a draw
-        within the mask), or None. For the event: the exit of the thread's open call. The model refused there
+        within the mask), or None. For the event: the exit of the thread's open call, or, for a call that never
+        returns (exit_group), the thread's last event (`last_event`). The model refused there
         drew another syscall as if the open one had returned; taking its exit keeps the model on its course,
         where a draw within the mask pushed it elsewhere (the shipped model's guided scimark2 sample: 3-gram JSD
         to the held-out block 0.122 / 0.062 for seeds 0 / 1 with redraws, 0.052 / 0.046 with the exit taken,
         0.073 / 0.035 unguided)."""
         if channel != "event":
             return None
-        g = self._glob_of(drawn["tid"].numpy())
-        state = np.where(g > 0, self.open[self.rows, g], NEVER)
+        state = self._open_call(drawn["tid"].numpy())
         exit_ = np.where(state >= 0, self.exit_of_call[np.maximum(state, 0)], -1)
         return np.where((state >= 0) & (exit_ < 0), self.last_event, exit_)
 
     def _dead(self, g: np.ndarray) -> np.ndarray:
-        """Whether each global label's thread is inside a call with no exit (exit_group): it ends there."""
-        state = self.open[self.rows[:, None] if g.ndim == 2 else self.rows, g]
+        """[b, k] global labels: whether each one's thread is inside a call with no exit (exit_group): it ends
+        there."""
+        state = self.open[self.rows[:, None], g]
         return (g > 0) & (state >= 0) & (self.exit_of_call[np.maximum(state, 0)] < 0)
 
     def _tid_mask(self, cpu: np.ndarray) -> np.ndarray:
@@ -216,10 +218,14 @@ class KernelGuide:
         """Global label of drawn window labels (0: none yet, a new thread; or no thread)."""
         return np.where(tid > 0, self.lab2glob[self.rows, tid], 0)
 
+    def _open_call(self, tid: np.ndarray) -> np.ndarray:
+        """Per chain, the call the drawn thread is inside (its id), else CLOSED or NEVER."""
+        g = self._glob_of(tid)
+        return np.where(g > 0, self.open[self.rows, g], NEVER)
+
     def _event_mask(self, tid: np.ndarray) -> np.ndarray:
         m = np.ones((self.b, self.V), bool)
-        g = self._glob_of(tid)
-        state = np.where(g > 0, self.open[self.rows, g], NEVER)
+        state = self._open_call(tid)
         inside = state >= 0
         m[inside] &= ~(self.is_entry | self.is_exit)[None]
         # its exit, if the model knows one (as the checker, a call with no exit token seen is still open)

@@ -365,8 +365,9 @@ class TokenModel:
             known = f"it knows {', '.join(self.workloads)}" if self.workloads else "it is not conditional"
             raise TraceSynthError(f"{self.config.what}: no workload {workload!r} ({known})")
         guide = guide or getattr(self.config, "guide", "none")
-        if guide not in GUIDES or (guide != "none" and not (self.guides and self.config.channels == 6)):
-            can = ", ".join(GUIDES) if self.guides and self.config.channels == 6 else "none"
+        can_guide = self.guides and self.config.channels == 6  # the guide reads the cpu and thread channels
+        if guide not in GUIDES or (guide != "none" and not can_guide):
+            can = ", ".join(GUIDES) if can_guide else "none"
             raise TraceSynthError(f"{self.config.what}: no guide {guide!r} (it can take {can})")
         cfg = self.config
         L, K = cfg.context, cfg.overlap
