@@ -43,6 +43,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,15 @@ def _generators(args) -> dict[str, object]:
 
         cfg = TraceSynthConfig(context=args.context, steps=10**9, time_limit=args.train_seconds)
         gens["gaussian"] = TraceSynth(cfg)
-    return {k: gens[k] for k in args.only} if args.only else gens  # in the order asked for
+    gens = {k: gens[k] for k in args.only} if args.only else gens  # in the order asked for
+    if args.init:  # the same autoregressive model twice: from scratch, and as (generator, fitted model it starts from)
+        init = load_generator(args.init)
+        if not isinstance(init, Autoregressive):
+            sys.exit(f"{args.init}: --init takes an autoregressive model, not a {init.name} one")
+        size = replace(init.config, conditional=False, steps=10**9, time_limit=args.train_seconds, chains=args.chains)
+        gens[f"ar[={args.init.name}]"] = Autoregressive(size)
+        gens[f"ar[{args.init.name}]"] = (Autoregressive(size), init)
+    return gens
 
 
 def _samplings(gname: str, args) -> list[tuple[str, dict]]:
@@ -124,8 +133,9 @@ def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: s
     samples = {}
     for gname, gen in gens.items():
         t0 = time.perf_counter()
+        gen, init = gen if isinstance(gen, tuple) else (gen, None)
         if gname != loaded:
-            gen.fit([train])
+            gen.fit([train], **({"init": init} if init is not None else {}))
         fit_s = time.perf_counter() - t0 if gname != loaded else gen.fit_info.get("train_seconds")
         info = gen.fit_info
         train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
@@ -212,6 +222,10 @@ def main() -> None:
                     help="fit only these generators (default: all but gaussian)")
     ap.add_argument("--unmask", choices=list(UNMASK), default="random")
     ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="also fine-tune this fitted autoregressive model (e.g. models/all) on each training block "
+                         "(row ar[all]) beside the same network trained from scratch (row ar[=all]), both for "
+                         "--train-seconds")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")

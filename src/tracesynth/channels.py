@@ -33,6 +33,7 @@ CHANNELS_2 = ("event", "dt")
 DISCRETE = ("event", "cpu", "tid", "comm", "ret")
 
 UNKNOWN_EVENT = "<unk>"
+OTHER_NEGATIVE = "<other negative>"  # the ret token of a negative value that is no errno
 N_POS_BINS = 64  # log2 bins for positive return values (covers all of int64)
 MAX_ERRNO = 4095  # the kernel's -MAX_ERRNO..-1 range
 
@@ -120,6 +121,21 @@ class ChannelCodec:
             "ret": 2 + len(self.errnos) + N_POS_BINS + 1,
         }
         return {c: sizes[c] for c in self.channels if c in sizes}
+
+    def token_names(self, channel: str) -> list[str]:
+        """What each token of a discrete channel stands for, by token id: the key on which two codecs learned
+        from different traces agree (`TokenModel.fit(init=)` carries a learned row over by it)."""
+        if channel == "event":
+            return list(self.events)
+        if channel == "cpu":
+            return ["<null>", UNKNOWN_EVENT, *(f"cpu{c}" for c in self.cpus)]
+        if channel == "tid":
+            return [str(i) for i in range(1 + self.max_tids)]
+        if channel == "comm":
+            return ["<null>", UNKNOWN_EVENT, *self.comms]
+        if channel == "ret":
+            return ["<null>", "0", *map(str, self.errnos), *(f"2^{b}" for b in range(N_POS_BINS)), OTHER_NEGATIVE]
+        raise TraceSynthError(f"no discrete channel {channel!r}")
 
     # -- encoding -----------------------------------------------------------------------------
     def encode(self, trace: Trace) -> Encoded:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -30,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from atomicio import atomic_path
-from tracesynth.channels import CHANNELS_2, CHANNELS_6, ChannelCodec
+from tracesynth.channels import CHANNELS_2, CHANNELS_6, OTHER_NEGATIVE, UNKNOWN_EVENT, ChannelCodec
 from tracesynth.errors import TraceSynthError
 from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
 from tracesynth.optim import resolve_device, warmup_cosine
@@ -128,6 +129,30 @@ def _seam_ends(events: np.ndarray, n_types: int) -> np.ndarray:
                 ends[k] = end
                 break
     return ends
+
+
+WARM_START_SAME = ("context", "d_model", "n_layers", "n_heads", "max_tids", "channels")  # fit(init=) keeps these
+_UNKNOWN_TOKEN = {"event": UNKNOWN_EVENT, "cpu": UNKNOWN_EVENT, "comm": UNKNOWN_EVENT, "ret": OTHER_NEGATIVE}
+
+
+def _row_sources(new: Sequence[str], old: Sequence[str], unknown: str | None) -> list[list[int]]:
+    """For each token of `new`, the rows of `old` whose mean it starts from (`TokenModel._warm_start`)."""
+    index = {name: i for i, name in enumerate(old)}
+    out = []
+    for name in new:
+        if name in index:
+            out.append([index[name]])
+            continue
+        parts, rows = name.split("_"), []
+        for k in range(len(parts) - 1, 0, -1):
+            prefix = "_".join(parts[:k]) + "_"
+            rows = [i for i, o in enumerate(old) if o.startswith(prefix)]
+            if rows:
+                break
+        if not rows and unknown is None:
+            raise TraceSynthError(f"no token {name!r} in the model to start from")
+        out.append(rows or [index[unknown]])
+    return out
 
 
 def dt_bucket(gaps_ns: np.ndarray) -> np.ndarray:
@@ -300,11 +325,18 @@ class TokenModel:
         self,
         traces: Sequence[Trace],
         progress: Callable[[int, float], None] | None = None,
+        init: TokenModel | None = None,
     ) -> TokenModel:
-        """Learn vocabularies, gap table and the network; stops at `steps` or `time_limit` seconds."""
+        """Learn vocabularies, gap table and the network; stops at `steps` or `time_limit` seconds.
+
+        With `init` (a fitted model of this class and network size, e.g. the shipped checkpoint), the network
+        starts from its weights rather than random ones (`_warm_start`); the vocabularies, gap table and kernel
+        facts are still this data's own."""
         cfg = self.config
         if not traces or not sum(len(t) for t in traces):
             raise TraceSynthError(f"{self.config.what}: no events to learn from")
+        if init is not None:
+            self._check_init(init)
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
         self.codec = ChannelCodec.fit(traces, CHANNELS, max_tids=cfg.max_tids)
@@ -316,7 +348,10 @@ class TokenModel:
         data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
         self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
         data = {c: v.to(dev) for c, v in data.items()}
-        self.model = self._network().to(dev)
+        self.model = self._network()
+        if init is not None:
+            self._warm_start(init)
+        self.model.to(dev)
         opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
         n = len(data["event"])
         t0, step, losses = time.perf_counter(), 0, []
@@ -349,6 +384,52 @@ class TokenModel:
             "final_loss": float(np.mean(losses[-50:])) if losses else None,
         }
         return self
+
+    def token_names(self, channel: str) -> list[str]:
+        """What each token of a channel stands for (dt: its gap bucket)."""
+        return [str(i) for i in range(N_DT)] if channel == "dt" else self.codec.token_names(channel)
+
+    def _check_init(self, init: TokenModel) -> None:
+        if type(init) is not type(self) or init.model is None:
+            raise TraceSynthError(f"{self.config.what}: can only start from a fitted {self.name} model, "
+                                  f"not a {getattr(init, 'name', type(init).__name__)} one")  # fmt: skip
+        differ = [f"{k} {getattr(self.config, k)} vs {getattr(init.config, k)}" for k in WARM_START_SAME
+                  if getattr(self.config, k) != getattr(init.config, k)]  # fmt: skip
+        if differ:
+            raise TraceSynthError(f"{self.config.what}: the network must be the size of the one it starts from "
+                                  f"({', '.join(differ)})")  # fmt: skip
+
+    def _warm_start(self, init: TokenModel) -> None:
+        """Set the new network's weights from `init`'s: the transformer as it is, and each token's rows of the
+        embedding and output tables from the same token of `init` (by what it stands for, `token_names`: the
+        token ids of two vocabularies differ). A token `init` never learned starts as the mean of its family
+        there (the tokens sharing its longest `_`-prefix: a new syscall_entry_X as the average syscall entry),
+        else as `init`'s unknown token. A conditional `init`'s workload vectors go to the workloads of the same
+        name, a new workload gets their mean; without conditioning that mean is added to the positions (it was
+        added at every position), so the network starts computing what `init` computed."""
+        old, new = init.model.state_dict(), self.model.state_dict()
+        sources = {c: _row_sources(self.token_names(c), init.token_names(c), _UNKNOWN_TOKEN.get(c)) for c in CHANNELS}
+        w_old = old.get("workload.weight")
+        out = {}
+        for key, t in new.items():
+            table = re.fullmatch(r"(embed|given|heads)\.c_(\w+)\.(weight|bias)", key)
+            if table:
+                rows = sources[table[2]]
+                if table[1] == "embed":  # its last row is the [MASK] token
+                    rows = [*rows, [old[key].shape[0] - 1]]
+                out[key] = torch.stack([old[key][r].mean(0) for r in rows])
+            elif key == "workload.weight":
+                mean = w_old.mean(0) if w_old is not None else torch.zeros(t.shape[1])
+                mine = {w: i for i, w in enumerate(init.workloads)}
+                out[key] = torch.stack([w_old[mine[w]] if w in mine else mean for w in self.workloads])
+            elif key in old and old[key].shape == t.shape:
+                out[key] = old[key].clone()
+            else:
+                raise TraceSynthError(f"{self.config.what}: the model to start from has no weight {key} of shape "
+                                      f"{tuple(t.shape)}")  # fmt: skip
+        if w_old is not None and "workload.weight" not in new:
+            out["pos"] = out["pos"] + w_old.mean(0)
+        self.model.load_state_dict(out)
 
     # -- sampling -----------------------------------------------------------------------------
     def sample(self, n_events: int, seed: int = 0, workload: str | None = None, guide: str | None = None) -> Trace:

@@ -7,17 +7,19 @@ kind; repair is its own step after sampling (tracesynth.constraints.repair_trace
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
 
 from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import get_kind, make_generator, saved_kind
+from tracesynth.generator import get_kind, load_generator, make_generator, saved_kind
 
 
 @app.command()
 def fit(
+    ctx: typer.Context,
     data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
     kind: str = typer.Option(
@@ -46,6 +48,12 @@ def fit(
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
     ),
+    init: Path = typer.Option(
+        None,
+        "--init",
+        help="masked/ar: start from this fitted model's network (e.g. the shipped models/all) instead of random "
+        "weights, and fine-tune it on the traces; its size and kind are kept. Worth it for a short trace.",
+    ),
     anonymize: bool = typer.Option(
         False,
         "--anonymize",
@@ -66,11 +74,17 @@ def fit(
     """
     from tracesynth.io import read_trace
 
+    start = None
+    if init is not None:
+        start = load_generator(init)
+        kind = kind if _given(ctx, "kind") else start.name
     gen_kind = get_kind(kind)
     if gen_kind.cls is None:
         raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
     if conditional and gen_kind.name not in ("masked", "ar"):
         raise TraceSynthError(f"--conditional applies to masked and ar models, not a {kind} one")
+    if start is not None and gen_kind.name == "diffusion":
+        raise TraceSynthError("--init applies to masked and ar models, not a diffusion one (use --resume)")
     if resume and gen_kind.name != "diffusion":
         raise TraceSynthError(f"--resume continues a diffusion model's training, not a {kind} one")
     _set_threads(threads)
@@ -88,13 +102,19 @@ def fit(
             token_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
                          "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed,
                          "conditional": conditional, "device": device, "channels": channels}
-            gen = make_generator({"kind": gen_kind.name, "config": token_cfg}).fit(traces)
+            if start is not None:
+                token_cfg = _init_config(ctx, start, gen_kind.name, token_cfg, init)
+            gen = make_generator({"kind": gen_kind.name, "config": token_cfg})
+            gen.fit(traces, **({"init": start} if start is not None else {}))
             what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
         else:
+            if start is not None:
+                raise TraceSynthError(f"--init applies to masked and ar models, not a {kind} one")
             gen = make_generator({"kind": kind, "order": order}).fit(traces)
             what = f"{gen.n_params:,} table entries"
         gen.save(output)
-        console.print(f"{output}: {gen.name} fitted on {sum(len(t) for t in traces):,} events, {what}")
+        origin = f", started from {init}" if start is not None else ""
+        console.print(f"{output}: {gen.name} fitted on {sum(len(t) for t in traces):,} events{origin}, {what}")
         return
     from tracesynth.diffusion import TraceSynth, TraceSynthConfig
     from tracesynth.diffusion.synth import is_main_process
@@ -133,6 +153,32 @@ def fit(
             f"loss {h.get('loss', float('nan')):.4f}, val {h.get('val_loss') or float('nan'):.4f}, "
             f"{h.get('train_events_per_s', 0):,.0f} events/s"
         )
+
+
+def _given(ctx: typer.Context, param: str) -> bool:
+    """Whether the command's option `param` was set by the user (on the command line or from its variable)."""
+    source = ctx.get_parameter_source(param)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+# fit's options that size the network, and the config field each sets
+_SIZE_OPTIONS = {"context": "context", "d_model": "d_model", "layers": "n_layers", "channels": "channels"}
+
+
+def _init_config(ctx: typer.Context, start, kind: str, asked: dict, init: Path) -> dict:
+    """The config of a fit that starts from the fitted model `start`: its network size (a size option given
+    that differs is an error), its sampler settings, and the training settings asked for (learning rate and
+    batch size: the start's unless given)."""
+    if start.name != kind:
+        raise TraceSynthError(f"--init is a {start.name} model: fit it with --kind {start.name}", init)
+    cfg = asdict(start.config)
+    for param, key in _SIZE_OPTIONS.items():
+        if _given(ctx, param) and asked[key] != cfg[key]:
+            raise TraceSynthError(f"--{param.replace('_', '-')} {asked[key]}: the network is the size of --init's "
+                                  f"({key} {cfg[key]}); drop the option", init)  # fmt: skip
+    cfg.update({k: asked[k] for k in ("steps", "time_limit", "seed", "conditional", "device")})
+    cfg.update({k: asked[k] for k, param in (("lr", "lr"), ("batch_size", "batch_size")) if _given(ctx, param)})
+    return cfg
 
 
 @app.command()
