@@ -71,7 +71,7 @@ LTTNG = REPO.parent / "shared" / "traces" / "lttng-wget-kernel"
 
 def _generators(args) -> dict[str, object]:
     common = dict(context=args.context, d_model=args.d_model, n_layers=args.layers, steps=10**9,
-                  time_limit=args.train_seconds, chains=args.chains)
+                  time_limit=args.train_seconds, chains=args.chains, seed=args.seed)
     gens: dict[str, object] = {
         "markov4": MarkovChain(order=4),
         "masked": MaskedDiffusion(MaskedConfig(**common)),
@@ -88,7 +88,8 @@ def _generators(args) -> dict[str, object]:
         init = load_generator(args.init)
         if not isinstance(init, Autoregressive):
             sys.exit(f"{args.init}: --init takes an autoregressive model, not a {init.name} one")
-        size = replace(init.config, conditional=False, steps=10**9, time_limit=args.train_seconds, chains=args.chains)
+        size = replace(init.config, conditional=False, steps=10**9, time_limit=args.train_seconds, chains=args.chains,
+                       seed=args.seed)
         gens[f"ar[={args.init.name}]"] = Autoregressive(size)
         gens[f"ar[{args.init.name}]"] = (Autoregressive(size), init)
     return gens
@@ -145,7 +146,7 @@ def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: s
                 setattr(config, k, v)
             extra = {"workload": name} if gname == loaded and getattr(gen, "workloads", None) else {}
             t0 = time.perf_counter()
-            raw = gen.sample(args.events, seed=0, **(setting if config is None else {}), **extra)
+            raw = gen.sample(args.events, seed=args.seed, **(setting if config is None else {}), **extra)
             sample_s = time.perf_counter() - t0
             t_eval = time.perf_counter()
             _, rep = repair_trace(raw, rules, seed=0)
@@ -190,6 +191,13 @@ def _loaded_traces(gen, model_dir: Path) -> list[tuple[str, object, object]]:
     return out
 
 
+def _trace_path(name: str) -> Path:
+    """A shipped workload's trace (data/NAME.parquet), the LTTng one (lttng-wget), or any trace file named."""
+    if name == "lttng-wget":
+        return LTTNG
+    return Path(name) if Path(name).exists() else REPO / "data" / f"{name}.parquet"
+
+
 def _fmt(r: dict) -> str:
     def f(k, spec):
         v = r.get(k)
@@ -205,7 +213,8 @@ def _fmt(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", nargs="+", default=["scimark2", "sqlite", "fio"])
+    ap.add_argument("--workloads", nargs="+", default=["scimark2", "sqlite", "fio"],
+                    help="shipped workloads (data/NAME.parquet), lttng-wget, or trace files (any readable format)")
     ap.add_argument("--lttng", action="store_true",
                     help="also the LTTng trace in ../shared/traces (or name it: --workloads lttng-wget)")
     ap.add_argument("--train-seconds", type=float, default=300)
@@ -226,6 +235,7 @@ def main() -> None:
                     help="also fine-tune this fitted autoregressive model (e.g. models/all) on each training block "
                          "(row ar[all]) beside the same network trained from scratch (row ar[=all]), both for "
                          "--train-seconds")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the neural models' weights, batches and samples")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
@@ -252,7 +262,7 @@ def main() -> None:
         names = [*args.workloads, *(["lttng-wget"] if args.lttng and "lttng-wget" not in args.workloads else [])]
         if "lttng-wget" in names and not LTTNG.exists():
             sys.exit(f"{LTTNG}: the LTTng trace is not there (../shared beside the checkout)")
-        traces = [(w, read_trace(LTTNG if w == "lttng-wget" else REPO / "data" / f"{w}.parquet")) for w in names]
+        traces = [(Path(w).stem, read_trace(_trace_path(w))) for w in names]
         for name, t in traces:
             t = t.slice(args.skip, args.skip + args.max_events)
             rows += bench_trace(name, *split_by_time(t, (0.7, 0.3)), _generators(args), args)
