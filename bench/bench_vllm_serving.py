@@ -69,7 +69,7 @@ def main() -> None:
           f"{'on the engine core too' if args.no_pin_frontend else 'on the other cores'}")  # fmt: skip
     print(f"{'model':20s} {'ops from':9s} {'TTFT MAPE':>10s} {'(runs)':>8s} {'TPOT MAPE':>10s} {'(runs)':>8s} "
           f"{'iter MAPE':>10s} {'(runs)':>8s} {'TTFT dist':>10s} {'(runs)':>8s} {'TPOT dist':>10s} {'(runs)':>8s} "
-          f"{'TTFT p50 meas/sim ms':>22s} {'wall s':>7s}")  # fmt: skip
+          f"{'TTFT p50 meas/sim ms':>22s} {'wall s':>7s} admitted: out of order, TTFT / TPOT / iter MAPE")  # fmt: skip
     payloads = []
     for model in [*args.models, *args.unprofiled]:
         t0 = time.perf_counter()
@@ -87,15 +87,24 @@ def main() -> None:
             f"{rows['TTFT']['quantile_err_pct']:9.1f}% {noise['ttft_quantiles']:7.1f}% "
             f"{rows['TPOT']['quantile_err_pct']:9.1f}% {noise['tpot_quantiles']:7.1f}% "
             f"{rows['TTFT']['measured_p50'] * 1e3:10.0f}/{rows['TTFT']['simulated_p50'] * 1e3:<11.0f} "
-            f"{time.perf_counter() - t0:7.0f}",
+            f"{time.perf_counter() - t0:7.0f} {_admitted(p.get('admission_order'))}",
             flush=True,
         )
         payloads.append(p)
     print("MAPE: per request; dist: the distribution's error at p10/p25/p50/p75/p90, averaged. (runs): spread "
           "between the real runs, (max-min)/mean per request (dist: per quantile) averaged; iteration latency is "
-          "each request's median inter-token latency (vLLM reports no iteration timings)")  # fmt: skip
+          "each request's median inter-token latency (vLLM reports no iteration timings). admitted: the "
+          "requests each run's front end handed to the engine out of arrival order, and the TTFT / TPOT / "
+          "iteration MAPE of the simulation in that order (from the server's log)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(payloads, default=lambda a: np.asarray(a).tolist(), indent=1))
+
+
+def _admitted(adm: dict | None) -> str:
+    if not adm:
+        return "-"
+    return (f"{'/'.join(map(str, adm['requests_out_of_order']))}: {adm['ttft_mape']:.1f}% / {adm['tpot_mape']:.1f}% / "
+            f"{adm['iteration_mape']:.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -25,7 +25,17 @@ from dooly.simulator.memory import kv_layout
 
 VLLM_MISSING = None
 try:
-    from dooly.engines.vllm_serving import BenchRun, ServeConfig, VLLMServer, validate, vllm_available, write_model_dir
+    from dooly.engines.vllm_serving import (
+        BenchRun,
+        ServeConfig,
+        VLLMServer,
+        _admitted_scores,
+        admission_order,
+        in_admission_order,
+        validate,
+        vllm_available,
+        write_model_dir,
+    )
 
     VLLM_MISSING = vllm_available()
 except ImportError as exc:  # pragma: no cover - the module itself needs only numpy
@@ -97,6 +107,42 @@ def test_bench_records_become_request_metrics():
         BenchRun.from_result(w, _bench_result(w, output_lens=[3, 1, 6]))
 
 
+def test_requests_admitted_out_of_order_are_simulated_in_that_order():
+    """Two requests 0.4 ms apart, the later one admitted first (vLLM's front end does not keep the order of
+    near-simultaneous requests): replayed in the order of the server's log, the simulation serves it first, and
+    scored against runs that did, its error is the one left once that order is known."""
+    log = ("INFO [async_llm.py:578] Added request cmpl-dooly-0-0-a1.\nnoise\n"
+           "INFO [async_llm.py:578] Added request cmpl-dooly-2-0-b2.\n"
+           "INFO [async_llm.py:578] Added request cmpl-dooly-1-0-c3.\n")  # fmt: skip
+    order = admission_order(log, 3)
+    assert order.tolist() == [0, 2, 1]
+    assert admission_order(log, 4) is None and admission_order(log + log, 3) is None
+    w = Workload(np.array([0.0, 1.0, 1.0004]), np.array([200, 250, 60]), np.array([4, 4, 4]))
+    retimed, shift = in_admission_order(w, order)
+    assert retimed.prompt.tolist() == [200, 60, 250]
+    np.testing.assert_allclose(shift, [0.0, 0.0004 + 1e-6, 0.0], atol=1e-12)
+    cfg = vllm_v1_config(4, 256, 16, 64)
+    plain = simulate(w, LinearLatency(), cfg).metrics.ttft
+    assert plain[1] < plain[2]  # in arrival order the long prompt is prefilled first
+    # runs that served request 2 first, as the replay does
+    sim = simulate(retimed, LinearLatency(), cfg)
+    ttft = sim.metrics.ttft[[0, 2, 1]] + shift
+    assert ttft[2] < ttft[1]
+    runs = []
+    for _ in range(2):
+        run = BenchRun.from_result(w, _bench_result(w, ttfts=list(ttft)))
+        run.admitted = order
+        runs.append(run)
+    scores = _admitted_scores(w, runs, LinearLatency(), cfg, runs[0].metrics, np.full(3, 0.02))
+    assert scores["requests_out_of_order"] == [2, 2]
+    assert scores["ttft_mape"] < 1e-6
+    from dooly import stats
+
+    assert stats.mape(plain, ttft) > 30  # the same runs scored in arrival order
+    runs[1].admitted = None
+    assert _admitted_scores(w, runs, LinearLatency(), cfg, runs[0].metrics, np.full(3, 0.02)) is None
+
+
 def test_model_dir_names_the_causal_lm_class(tmp_path):
     pytest.importorskip("transformers")
     name, d = write_model_dir("smollm2-135m", tmp_path / "m")
@@ -145,6 +191,9 @@ def test_real_vllm_serve_against_the_simulator(tmp_path):
     assert {r["metric"] for r in payload["table"]} == {"TTFT", "TPOT"}
     assert all(np.isfinite(r["quantile_err_pct"]) for r in payload["table"])
     assert np.isfinite(payload["iteration_mape"])
+    admitted = payload["admission_order"]  # read from the server's log (--enable-log-requests)
+    assert admitted is not None and len(admitted["requests_out_of_order"]) == 2
+    assert np.isfinite(admitted["ttft_mape"]) and np.isfinite(admitted["iteration_mape"])
 
 
 def test_front_end_is_kept_off_the_engine_cores():

@@ -357,6 +357,11 @@ def print_validation(payload: dict) -> None:
         out.print(f"run-to-run spread of the {payload['real_runs']} real runs (noise floor): "
                   f"TTFT {noise['ttft']:.1f}%  TPOT {noise['tpot']:.1f}% per request; "
                   f"p10-p90 TTFT {noise['ttft_quantiles']:.1f}%  TPOT {noise['tpot_quantiles']:.1f}%")  # fmt: skip
+    adm = payload.get("admission_order")
+    if adm and any(adm["requests_out_of_order"]):
+        out.print(f"vLLM's front end admitted {'/'.join(map(str, adm['requests_out_of_order']))} requests (per run) "
+                  f"out of arrival order; simulated in the order it admitted them: TTFT {adm['ttft_mape']:.1f}%  "
+                  f"TPOT {adm['tpot_mape']:.1f}%  iteration {adm['iteration_mape']:.1f}% per-request MAPE")  # fmt: skip
     if payload.get("profiled_with"):
         out.print(f"ops profiled with: {payload['profiled_with']}")
 

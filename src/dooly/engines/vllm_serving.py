@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,8 @@ class ServeConfig:
             "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--block-size", str(self.block_size), "--enable-chunked-prefill", "--no-enable-prefix-caching",
             "--max-model-len", str(self.max_model_len), "--uvicorn-log-level", "warning",
+            # one log line per request as the front end hands it to the engine: the order it was admitted in
+            "--enable-log-requests",
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -220,8 +223,6 @@ class VLLMServer:
 
     def kv_cache_tokens(self) -> int | None:
         """The KV-cache size vLLM reports in its start-up log, in tokens (None if it did not say)."""
-        import re
-
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
@@ -268,6 +269,7 @@ class VLLMServer:
             extra_body=None, self_timed=True, ready_check_timeout_sec=60,
         )  # fmt: skip
         cores, before = self.config.frontend_cores(), os.sched_getaffinity(0)
+        log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         # its report and progress bars go to the log; dooly prints its own
         with (self.workdir / "bench.log").open("a") as fh:
             with contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
@@ -277,7 +279,39 @@ class VLLMServer:
                     result = asyncio.run(coro)
                 finally:
                     os.sched_setaffinity(0, before)
-        return BenchRun.from_result(workload, result)
+        run = BenchRun.from_result(workload, result)
+        with self.log_path.open("rb") as fh:
+            fh.seek(log_from)
+            run.admitted = admission_order(fh.read().decode(errors="replace"), len(workload))
+        return run
+
+
+ADDED = re.compile(r"Added request cmpl-dooly-(\d+)-")  # vLLM's AsyncLLM, with --enable-log-requests
+
+
+def admission_order(log: str, n: int) -> np.ndarray | None:
+    """The requests `dooly-0` .. `dooly-{n-1}` in the order vLLM's front end handed them to the engine, from its
+    log; None unless each appears exactly once."""
+    order = np.array([int(m) for m in ADDED.findall(log)], dtype=np.int64)
+    if len(order) != n or not np.array_equal(np.sort(order), np.arange(n)):
+        return None
+    return order
+
+
+def in_admission_order(workload: Workload, order: np.ndarray) -> tuple[Workload, np.ndarray]:
+    """The workload retimed so that its requests arrive in `order` (each at least 1 us after the one admitted
+    before it, never before its own arrival), and each request's shift (seconds, by original index).
+
+    The front end does not keep the order of requests that arrive within about a millisecond of each other (its
+    asyncio tasks interleave); the engine, and so its scheduler, sees them in the order they were handed over.
+    The retimed workload's request j is the original request order[j]."""
+    t = workload.arrival[order].copy()
+    for j in range(1, len(t)):
+        t[j] = max(t[j], t[j - 1] + 1e-6)
+    shift = np.empty(len(t))
+    shift[order] = t - workload.arrival[order]
+    w = Workload(t, workload.prompt[order], workload.output[order], name=f"{workload.name} (admission order)")
+    return w, shift
 
 
 def _raise_exit(signum: int, frame: object) -> None:
@@ -296,6 +330,7 @@ class BenchRun:
     metrics: RequestMetrics
     itl: list[np.ndarray]  # per request, seconds between consecutive streamed tokens
     send_lag: np.ndarray  # seconds each request was sent after its arrival time
+    admitted: np.ndarray | None = None  # request indices in the order the front end handed them to the engine
 
     @classmethod
     def from_result(cls, workload: Workload, result: dict[str, Any]) -> BenchRun:
@@ -376,6 +411,7 @@ def validate(
     itl_sim = simulated_median_itl(sim.requests)
     noise = request_spread(runs)
     noise["itl"] = stats.spread_pct(itl_runs)
+    admitted = _admitted_scores(workload, runs, latency, cfg, measured.metrics, itl_meas)
     return {
         "kind": "validation",
         "engine": "vllm",
@@ -400,4 +436,37 @@ def validate(
         "simulated": {"ttft": sim.metrics.ttft, "tpot": sim.metrics.tpot, "e2e": sim.metrics.e2e},
         "iterations": {"measured": itl_meas, "predicted": itl_sim},
         "simulated_preemptions": int(sim.summary.preemptions),
+        "admission_order": admitted,
+    }
+
+
+def _admitted_scores(workload: Workload, runs: list[BenchRun], latency, cfg, measured: RequestMetrics,
+                     itl_measured: np.ndarray) -> dict[str, Any] | None:  # fmt: skip
+    """The simulation scored again with each run's requests in the order vLLM's front end admitted them
+    (`in_admission_order`), each request's figure the median over the runs as measured: what the simulator
+    misses once the front end's order of near-simultaneous requests is taken from the run. None where a run's
+    order is not in the server's log."""
+    from dooly import stats
+    from dooly.simulator import simulate
+
+    if not runs or any(r.admitted is None for r in runs):
+        return None
+    n = len(workload)
+    per_order: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
+    for r in runs:
+        key = tuple(int(i) for i in r.admitted)
+        if key not in per_order:
+            retimed, shift = in_admission_order(workload, r.admitted)
+            sim = simulate(retimed, latency, cfg)
+            pos = np.empty(n, dtype=np.int64)
+            pos[r.admitted] = np.arange(n)  # where each original request sits in the retimed workload
+            per_order[key] = (sim.metrics.ttft[pos] + shift, sim.metrics.tpot[pos],
+                              simulated_median_itl(sim.requests)[pos])  # fmt: skip
+    ttft, tpot, itl = (np.median(np.stack([per_order[tuple(int(i) for i in r.admitted)][k] for r in runs]), axis=0)
+                       for k in range(3))  # fmt: skip
+    return {
+        "requests_out_of_order": [int(np.sum(r.admitted != np.arange(n))) for r in runs],
+        "ttft_mape": stats.mape(ttft, measured.ttft),
+        "tpot_mape": stats.mape(tpot, measured.tpot),
+        "iteration_mape": stats.mape(itl, itl_measured),
     }
