@@ -94,9 +94,18 @@ class HFEagerEngine(Engine):
     # -- config / model -------------------------------------------------------------------------------------
 
     def hf_config(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
-        """A transformers ``PretrainedConfig`` from a config dict (``model_type`` selects the class)."""
+        """A transformers ``PretrainedConfig`` from a config dict (``model_type`` selects the class); with
+        `num_layers`, of its first that many decoder layers (`dooly.zoo.at_depth`)."""
         from transformers import AutoConfig
 
+        if num_layers is not None:
+            from dooly.zoo import at_depth
+            from dooly.zoo import num_layers as layers_of
+
+            total = layers_of(config) or self.hf_config(config).num_hidden_layers  # the class's default depth
+            if not 1 <= num_layers <= total:
+                raise DoolyError(f"num_layers must be in 1..{total}, got {num_layers}")
+            config = at_depth(config, num_layers) or {**config, "num_hidden_layers": num_layers}
         fields = {k: copy.deepcopy(v) for k, v in config.items() if k not in _NOT_ARCHITECTURE}
         model_type = fields.pop("model_type", None)
         if not model_type:
@@ -107,15 +116,6 @@ class HFEagerEngine(Engine):
                 cfg = AutoConfig.for_model(model_type, **fields)
         except _config_errors() as exc:
             raise DoolyError(f"transformers cannot build a {model_type!r} config: {one_line(exc, lines=2)}") from None
-        if num_layers is not None:
-            total = cfg.num_hidden_layers
-            if not 1 <= num_layers <= total:
-                raise DoolyError(f"num_layers must be in 1..{total}, got {num_layers}")
-            cfg.num_hidden_layers = num_layers
-            # per-layer lists (sliding/full attention pattern, ...) must match the new depth
-            for key, value in vars(cfg).items():
-                if isinstance(value, list) and len(value) == total and key.endswith("layer_types"):
-                    setattr(cfg, key, value[:num_layers])
         return cfg
 
     def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:

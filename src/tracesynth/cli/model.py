@@ -105,7 +105,7 @@ def fit(
             if start is not None:
                 token_cfg = _init_config(ctx, start, gen_kind.name, token_cfg, init)
             gen = make_generator({"kind": gen_kind.name, "config": token_cfg})
-            gen.fit(traces, **({"init": start} if start is not None else {}))
+            _fit_with_progress(gen, traces, start, token_cfg)
             what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
         else:
             if start is not None:
@@ -153,6 +153,19 @@ def fit(
             f"loss {h.get('loss', float('nan')):.4f}, val {h.get('val_loss') or float('nan'):.4f}, "
             f"{h.get('train_events_per_s', 0):,.0f} events/s"
         )
+
+
+def _fit_with_progress(gen, traces: list, start, cfg: dict) -> None:
+    """Fit a token model with a progress bar: steps done of `steps`, loss, time (and its limit)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    limit = f" (limit {cfg['time_limit']:g} s)" if cfg.get("time_limit") else ""
+    columns = (TextColumn("[bold]fit[/]"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TextColumn(limit))  # fmt: skip
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("fit", total=cfg["steps"], loss=float("nan"))
+        gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss),
+                **({"init": start} if start is not None else {}))  # fmt: skip
 
 
 def _given(ctx: typer.Context, param: str) -> bool:
