@@ -6,7 +6,7 @@ Channels (one value per event):
     dt     log-normalised gap to the previous event in ns: (log1p(dt) - mean) / std
     cpu    token of the CPU number (0 = null, 1 = unknown)
     tid    relabelled per window in order of first appearance (0 = null, 1, 2, ...); no real thread
-           id is ever learned or emitted
+           id is ever learned or emitted; the idle task (tid 0, one per CPU) is null
     comm   token of the command name (0 = null, 1 = unknown)
     ret    bucket: 0 = null, 1 = zero, one bucket per errno value seen, one per log2 bin of positive
            values, and one for any other negative value
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tracesynth.errors import TraceSynthError
+from tracesynth.events import IDLE_TID
 from tracesynth.trace import Trace
 from tracesynth.vocab import remap
 
@@ -151,7 +152,9 @@ class ChannelCodec:
             known = (table[idx] == cpu) & (len(self.cpus) > 0)
             out["cpu"] = np.where(cpu < 0, 0, np.where(known, idx + 2, 1)).astype(np.int64)
         if "tid" in self.channels:
-            out["tid"] = trace.numeric("tid")
+            tid = trace.numeric("tid")
+            # the idle task (tid 0) is one per CPU, current on several at once: no one thread, so no label
+            out["tid"] = np.where(tid == IDLE_TID, -1, tid)
         if "comm" in self.channels:
             codes, vocab = trace.codes("comm")
             tok = remap(codes, vocab, {k: i + 2 for i, k in enumerate(self.comms)}, default=1)

@@ -93,3 +93,16 @@ def test_log2_bins_are_exact_at_powers_of_two() -> None:
 def test_fit_needs_events() -> None:
     with pytest.raises(TraceSynthError):
         ChannelCodec.fit([])
+
+
+def test_the_idle_task_is_no_thread() -> None:
+    """tid 0 is each CPU's own idle task, current on several CPUs at once (a system-wide LTTng trace): it gets no
+    thread label, so neither the model nor the guide takes it for one thread running on two CPUs."""
+    t = Trace.from_columns(np.arange(6) * 10, ["irq_handler_entry", "irq_handler_entry", "sched_switch",
+                                               "syscall_entry_read", "syscall_exit_read", "sched_wakeup"],
+                           cpu=[0, 1, 0, 0, 0, 1], tid=[0, 0, 0, 42, 42, 0],
+                           comm=["swapper/0", "swapper/1", "swapper/0", "wget", "wget", "swapper/1"])  # fmt: skip
+    codec = ChannelCodec.fit([t])
+    enc = codec.encode(t)
+    assert enc["tid"].tolist() == [-1, -1, -1, 42, 42, -1]
+    assert codec.windows(enc, 6)["tid"][0].tolist() == [0, 0, 0, 1, 1, 0]
