@@ -452,9 +452,9 @@ def _admitted_scores(workload: Workload, runs: list[BenchRun], latency, cfg, mea
     if not runs or any(r.admitted is None for r in runs):
         return None
     n = len(workload)
+    keys = [tuple(r.admitted.tolist()) for r in runs]  # runs admitted in the same order share one simulation
     per_order: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {}
-    for r in runs:
-        key = tuple(int(i) for i in r.admitted)
+    for r, key in zip(runs, keys, strict=True):
         if key not in per_order:
             retimed, shift = in_admission_order(workload, r.admitted)
             sim = simulate(retimed, latency, cfg)
@@ -462,8 +462,7 @@ def _admitted_scores(workload: Workload, runs: list[BenchRun], latency, cfg, mea
             pos[r.admitted] = np.arange(n)  # where each original request sits in the retimed workload
             per_order[key] = (sim.metrics.ttft[pos] + shift, sim.metrics.tpot[pos],
                               simulated_median_itl(sim.requests)[pos])  # fmt: skip
-    ttft, tpot, itl = (np.median(np.stack([per_order[tuple(int(i) for i in r.admitted)][k] for r in runs]), axis=0)
-                       for k in range(3))  # fmt: skip
+    ttft, tpot, itl = (np.median(np.stack([per_order[key][k] for key in keys]), axis=0) for k in range(3))
     return {
         "requests_out_of_order": [int(np.sum(r.admitted != np.arange(n))) for r in runs],
         "ttft_mape": stats.mape(ttft, measured.ttft),

@@ -164,8 +164,7 @@ def _fit_with_progress(gen, traces: list, start, cfg: dict) -> None:
                TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TextColumn(limit))  # fmt: skip
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("fit", total=cfg["steps"], loss=float("nan"))
-        gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss),
-                **({"init": start} if start is not None else {}))  # fmt: skip
+        gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start)
 
 
 def _given(ctx: typer.Context, param: str) -> bool:
