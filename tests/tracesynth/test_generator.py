@@ -108,6 +108,9 @@ def test_cli_fits_and_samples_a_markov_chain(tmp_path: Path) -> None:
     assert isinstance(res.exception, TraceSynthError) and "--sampler does not apply to a markov model" in str(
         res.exception
     )
+    # no empty trace for a count of nothing
+    res = runner.invoke(app, ["sample", str(tmp_path / "m"), "--events", "0", "-o", str(tmp_path / "x.parquet")])
+    assert res.exit_code == 2 and "--events" in res.output
     assert not (tmp_path / "x.parquet").exists()
     res = runner.invoke(app, ["fit", str(tmp_path / "real.parquet"), "-o", str(tmp_path / "g"), "--kind", "gan"])
     assert isinstance(res.exception, TraceSynthError) and not (tmp_path / "g").exists()

@@ -196,7 +196,7 @@ def _init_config(ctx: typer.Context, start, kind: str, asked: dict, init: Path) 
 @app.command()
 def sample(
     model: Path = typer.Argument(..., help="Model directory written by `tracesynth fit`."),
-    events: int = typer.Option(..., "--events", help="Number of events to generate."),
+    events: int = typer.Option(..., "--events", min=1, help="Number of events to generate."),
     output: Path = typer.Option(..., "-o", "--output", help="Parquet trace to write."),
     seed: int = typer.Option(0, "--seed", help="The same seed gives the same trace."),
     sampler: str = typer.Option(None, "--sampler", help="ddim (fast, strided) or ancestral (all 1000 steps)."),
