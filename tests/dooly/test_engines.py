@@ -47,3 +47,24 @@ def test_serving_commands_take_the_engine_by_name(tmp_path) -> None:
         res = CliRunner().invoke(app, [cmd, "smollm2-135m", "--db", str(db), "--engine", "nope"])
         assert res.exit_code != 0 and isinstance(res.exception, DoolyError), res.output
         assert "unknown engine 'nope'" in str(res.exception)
+
+
+def test_weights_the_free_memory_cannot_hold_are_refused_before_building(monkeypatch) -> None:
+    import torch
+    from test_profile_fixtures import tiny_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dooly.engines import base
+
+    cfg = tiny_config("tiny-mem")
+    eng = HFEagerEngine()
+    need = eng.num_parameters(eng.architecture(cfg)) * torch.bfloat16.itemsize
+    assert eng.build_model(cfg) is not None  # this machine holds it
+    monkeypatch.setattr(base, "free_memory_bytes", lambda device: need)  # less than weights / 0.9
+    with pytest.raises(DoolyError, match=r"tiny-mem: its weights take .* MiB in bfloat16 and cpu has .* MiB free"):
+        eng.build_model(cfg)
+    assert eng.build_model(cfg, num_layers=1) is not None  # a cut model (profiling one layer) is not checked
+    with FakeTensorMode():
+        assert eng.build_model(cfg) is not None  # nor is one on fake tensors (tracing allocates nothing)
+    monkeypatch.setattr(base, "free_memory_bytes", lambda device: None)  # unreadable: build as before
+    assert eng.build_model(cfg) is not None

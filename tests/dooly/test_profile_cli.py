@@ -123,6 +123,18 @@ def test_bad_input_leaves_no_db_behind(configs) -> None:
     assert isinstance(res.exception, DoolyError) and not new.exists()
 
 
+def test_a_model_too_large_to_calibrate_is_refused_before_profiling(configs, monkeypatch) -> None:
+    from dooly.engines import base
+
+    _, a, _ = configs
+    new = a.parent / "new.db"
+    monkeypatch.setattr(base, "free_memory_bytes", lambda device: 1000)
+    res = runner.invoke(app, ["profile", str(a), "--db", str(new), "--grid", "tiny"])
+    assert isinstance(res.exception, DoolyError) and not new.exists()
+    assert re.search(r"tiny-a: its weights take .*B in bfloat16 .*\(`--no-calibrate` profiles its operators alone",
+                     str(res.exception))  # fmt: skip
+
+
 def test_one_unlabelable_model_is_one_line_and_the_rest_is_planned(configs) -> None:
     db, a, b = configs
     bad = a.parent / "weird.json"

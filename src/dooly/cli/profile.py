@@ -185,12 +185,19 @@ def profile_cmd(
     budget_s: float | None = _BUDGET_S,
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
+    from dooly.errors import DoolyError
     from dooly.profiler import calibrate, failures, make_plan, run_plan
     from dooly.store import ProfileStore
     from dooly.zoo import resolve_model
 
     engine, threads = _setup(device, dtype, threads, engine_name)
     grid_spec = _grid(grid)
+    if calibrate_overhead:  # calibration runs the whole model: refuse one too large now, not after the profiling
+        for m in models:
+            try:
+                engine.check_weights_fit(resolve_model(m)[1])
+            except DoolyError as exc:
+                raise DoolyError(f"{exc} (`--no-calibrate` profiles its operators alone)") from None
     with ProfileStore(db) as store:
         models, failed = _labelable(models, store, engine)
         if not models:

@@ -10,9 +10,8 @@ stateful operators such as attention over a filled KV cache ("context reuse") an
 Serving validation runs whole engine iterations through the engine's :class:`Executor` (``executor``), and
 the memory model reads the architecture through ``architecture`` and ``num_parameters``.
 
-Implementations: :class:`dooly.engines.hf.HFEagerEngine` (Hugging Face transformers, eager, CPU default, CUDA
-when asked), registered in :mod:`dooly.engines`. A vLLM engine would implement the same methods and register
-itself there.
+Implementations, registered in :mod:`dooly.engines`: :class:`dooly.engines.hf.HFEagerEngine` (Hugging Face
+transformers, eager, CPU default, CUDA when asked) and :class:`dooly.engines.vllm.VLLMEngine` (vLLM's CPU backend).
 """
 
 from __future__ import annotations
@@ -21,12 +20,37 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dooly.errors import DoolyError
 
 if TYPE_CHECKING:
     from dooly.simulator.entities import Request, ScheduledBatch
+
+
+WEIGHTS_SHARE_OF_FREE = 0.9  # real weights may take at most this share of the device's free memory
+
+
+def free_memory_bytes(device: str) -> int | None:
+    """Memory a new allocation can take on ``device``: CUDA's free memory, else the host's available memory
+    (``MemAvailable``, within a cgroup v2 limit where one is set); None where it cannot be read."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max" and free is not None:
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            free = min(free, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return free
 
 
 @dataclass(frozen=True)
@@ -99,6 +123,21 @@ class Engine(ABC):
     @abstractmethod
     def advance(self, inputs: Mapping[str, Any], next_tokens: Any) -> dict[str, Any]:
         """Inputs of the following decode step (reusing the cache that ``forward`` just extended)."""
+
+    def check_weights_fit(self, config: Mapping[str, Any]) -> None:
+        """Refuse, in one line, to build real weights that the device's free memory cannot hold: building them
+        would end in the kernel's OOM killer (a bare "Killed", and maybe other processes with it), not an error."""
+        from dooly.simulator.memory import dtype_bytes, size  # lazily: the memory model imports the engines
+
+        free = free_memory_bytes(self.device)
+        if free is None:
+            return
+        dtype = getattr(self, "dtype", "float32")
+        need = self.num_parameters(self.architecture(config)) * dtype_bytes(dtype)
+        if need > WEIGHTS_SHARE_OF_FREE * free:
+            name = config.get("_name_or_path") or config.get("model_type", "the model")
+            raise DoolyError(f"{name}: its weights take {size(need)} in {dtype} and {self.device} has {size(free)} "
+                             "free; run it on a machine (or device) with more memory")
 
     def tracing_context(self) -> AbstractContextManager[None]:
         """Entered while the tracer runs the engine on fake tensors: make the engine's code take the branches it

@@ -129,6 +129,8 @@ class HFEagerEngine(Engine):
         # on fake tensors (the tracer) weight values do not exist: skip their initialisation, whose data-dependent
         # draws (a vision tower's truncated normal) a fake tensor cannot run; weights are still tied below
         fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+        if not fake and num_layers is None:  # a cut model is smaller than the whole, which this checks
+            self.check_weights_fit(config)
         try:
             with torch.device(self.device), warnings.catch_warnings(), _no_init(fake):
                 warnings.simplefilter("ignore")
