@@ -151,6 +151,21 @@ def test_model_dir_names_the_causal_lm_class(tmp_path):
     assert cfg["num_hidden_layers"] == 30
 
 
+def test_a_model_whose_weights_and_kv_cache_do_not_fit_is_refused_before_the_server_starts(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from dooly.engines import base, vllm_serving
+
+    monkeypatch.setattr(base, "free_memory_bytes", lambda device: 2 * 2**30)  # 1.8 GiB usable: not 0.25 + 2 GiB
+    started = []
+    monkeypatch.setattr(vllm_serving.VLLMServer, "__enter__", lambda self: started.append(self))
+    wl = parse_workload("poisson:n=2,rate=1,prompt=8-16,output=2-4,seed=0")
+    cfg = vllm_serving.ServeConfig(2, 64, kvcache_space_gb=2)
+    with pytest.raises(DoolyError, match=r"smollm2-135m: its weights take .* MiB in bfloat16 \(and its KV "
+                                         r"cache 2\.00 GiB\) and cpu has 2\.00 GiB free"):  # fmt: skip
+        vllm_serving.validate("smollm2-135m", wl, cfg, 16, LinearLatency())
+    assert not started
+
+
 @needs_vllm
 def test_server_that_fails_to_start_is_stopped(tmp_path):
     cfg = ServeConfig(4, 128, startup_timeout_s=2)

@@ -194,8 +194,9 @@ def profile_cmd(
     grid_spec = _grid(grid)
     if calibrate_overhead:  # calibration runs the whole model: refuse one too large now, not after the profiling
         for m in models:
+            name, cfg = resolve_model(m)
             try:
-                engine.check_weights_fit(resolve_model(m)[1])
+                engine.check_weights_fit(cfg, name=name)
             except DoolyError as exc:
                 raise DoolyError(f"{exc} (`--no-calibrate` profiles its operators alone)") from None
     with ProfileStore(db) as store:

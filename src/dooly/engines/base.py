@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from dooly.simulator.entities import Request, ScheduledBatch
 
 
-WEIGHTS_SHARE_OF_FREE = 0.9  # real weights may take at most this share of the device's free memory
+WEIGHTS_SHARE_OF_FREE = 0.9  # real weights (and KV cache) may take at most this share of the free memory
 
 
 def free_memory_bytes(device: str) -> int | None:
@@ -124,9 +124,10 @@ class Engine(ABC):
     def advance(self, inputs: Mapping[str, Any], next_tokens: Any) -> dict[str, Any]:
         """Inputs of the following decode step (reusing the cache that ``forward`` just extended)."""
 
-    def check_weights_fit(self, config: Mapping[str, Any]) -> None:
-        """Refuse, in one line, to build real weights that the device's free memory cannot hold: building them
-        would end in the kernel's OOM killer (a bare "Killed", and maybe other processes with it), not an error."""
+    def check_weights_fit(self, config: Mapping[str, Any], kv_cache_bytes: int = 0, name: str | None = None) -> None:
+        """Refuse, in one line, to build real weights (and a KV cache of ``kv_cache_bytes``) that the device's free
+        memory cannot hold: building them would end in the kernel's OOM killer (a bare "Killed", and maybe other
+        processes with it), not an error."""
         from dooly.simulator.memory import dtype_bytes, size  # lazily: the memory model imports the engines
 
         free = free_memory_bytes(self.device)
@@ -134,10 +135,11 @@ class Engine(ABC):
             return
         dtype = getattr(self, "dtype", "float32")
         need = self.num_parameters(self.architecture(config)) * dtype_bytes(dtype)
-        if need > WEIGHTS_SHARE_OF_FREE * free:
-            name = config.get("_name_or_path") or config.get("model_type", "the model")
-            raise DoolyError(f"{name}: its weights take {size(need)} in {dtype} and {self.device} has {size(free)} "
-                             "free; run it on a machine (or device) with more memory")
+        if need + kv_cache_bytes > WEIGHTS_SHARE_OF_FREE * free:
+            name = name or config.get("_name_or_path") or config.get("model_type", "the model")
+            kv = f" (and its KV cache {size(kv_cache_bytes)})" if kv_cache_bytes else ""
+            raise DoolyError(f"{name}: its weights take {size(need)} in {dtype}{kv} and {self.device} has "
+                             f"{size(free)} free; run it on a machine (or device) with more memory")
 
     def tracing_context(self) -> AbstractContextManager[None]:
         """Entered while the tracer runs the engine on fake tensors: make the engine's code take the branches it

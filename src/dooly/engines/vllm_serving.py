@@ -388,6 +388,12 @@ def validate(
     if longest > config.max_model_len:
         raise DoolyError(f"{workload.name}: a request needs {longest} tokens, above max_model_len "
                          f"{config.max_model_len}")  # fmt: skip
+    from dooly.engines.hf import HFEagerEngine
+    from dooly.zoo import resolve_model
+
+    # the server would be killed while loading; the parameter count is the same in either engine
+    name, model_cfg = resolve_model(model)
+    HFEagerEngine(dtype=config.dtype).check_weights_fit(model_cfg, int(config.kvcache_space_gb * 2**30), name)
     with VLLMServer(model, config, workdir) as srv:
         log(f"vllm serve up in {srv.startup_s:.1f} s ({srv.base_url}, log {srv.log_path})")
         kv_tokens = srv.kv_cache_tokens()
