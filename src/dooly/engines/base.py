@@ -134,7 +134,10 @@ class Engine(ABC):
         if free is None:
             return
         dtype = getattr(self, "dtype", "float32")
-        need = self.num_parameters(self.architecture(config)) * dtype_bytes(dtype)
+        try:
+            need = self.num_parameters(self.architecture(config)) * dtype_bytes(dtype)
+        except DoolyError:  # not countable here (transformers cannot build it): building it will say why
+            return
         if need + kv_cache_bytes > WEIGHTS_SHARE_OF_FREE * free:
             name = name or config.get("_name_or_path") or config.get("model_type", "the model")
             kv = f" (and its KV cache {size(kv_cache_bytes)})" if kv_cache_bytes else ""
