@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from dooly.engines.base import Engine, RequestShape
+from dooly.engines.base import Engine, RequestShape, fake_mode_active
 from dooly.errors import DoolyError, one_line
 
 
@@ -128,9 +128,8 @@ class HFEagerEngine(Engine):
             kwargs["attn_implementation"] = self.attn_implementation
         # on fake tensors (the tracer) weight values do not exist: skip their initialisation, whose data-dependent
         # draws (a vision tower's truncated normal) a fake tensor cannot run; weights are still tied below
-        fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
-        if not fake and num_layers is None:  # a cut model is smaller than the whole, which this checks
-            self.check_weights_fit(config)
+        fake = fake_mode_active()
+        self.check_weights_fit(config, num_layers=num_layers)
         try:
             with torch.device(self.device), warnings.catch_warnings(), _no_init(fake):
                 warnings.simplefilter("ignore")

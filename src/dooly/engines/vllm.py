@@ -156,8 +156,7 @@ class VLLMEngine(Engine):
         from vllm.model_executor.layers.attention import Attention
         from vllm.model_executor.model_loader import get_model
 
-        if num_layers is None and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
-            self.check_weights_fit(config)
+        self.check_weights_fit(config, num_layers=num_layers)
         vc = self.vllm_config(config, num_layers=num_layers)
         # vLLM memoises rotary-embedding modules process-wide: one built on real tensors must not be handed to a
         # model built on fake ones (or the other way round)
