@@ -26,6 +26,7 @@ import numpy as np
 from dooly import stats
 from dooly.batch import Batch
 from dooly.errors import DoolyError
+from dooly.signature import contiguous_stride
 
 
 def _feat(x: np.ndarray | float) -> np.ndarray:
@@ -217,6 +218,46 @@ class OverheadModel:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Page faults: what a CPU op pays for an output too large for the allocator to reuse
+# ---------------------------------------------------------------------------------------------------------
+
+#: Request values at which a signature's output is sized to screen it for page faults (outputs grow with them).
+_SCREEN_VALUES = {"requests": 256, "tokens": 16384, "kv_len": 16384}
+_FRESH_BYTES: dict[tuple[str, tuple], int] = {}
+
+
+def fresh_output_bytes(sig: object, values: Mapping[str, int]) -> int:
+    """Bytes of new storage the op allocates for its outputs at ``values``, from a call on meta tensors; 0
+    where the op has no meta implementation."""
+    key = (sig.key, tuple(sorted(values.items())))  # type: ignore[attr-defined]
+    hit = _FRESH_BYTES.get(key)
+    if hit is not None:
+        return hit
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    full = {"requests": 1, "tokens": 1, "kv_len": 0, **values}
+    try:
+        args, kwargs = sig.build_call(  # type: ignore[attr-defined]
+            full, lambda _i, spec, shape, stride: torch.empty_strided(
+                shape, stride if stride is not None else contiguous_stride(shape), dtype=getattr(torch, spec.dtype),
+                device="meta"))  # fmt: skip
+        args, kwargs = tree_map(lambda x: torch.device("meta") if isinstance(x, torch.device) else x, (args, kwargs))
+        ns, op, overload = sig.op.split(".")  # type: ignore[attr-defined]
+        with torch.no_grad():
+            out = getattr(getattr(getattr(torch.ops, ns), op), overload)(*args, **kwargs)
+        # an output sharing an input's storage (a view, _unsafe_view, an in-place op) allocates nothing
+        ins = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        outs = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
+                if isinstance(t, torch.Tensor)}  # fmt: skip
+        n = sum(b for k, b in outs.items() if k not in ins)
+    except Exception:  # no meta kernel, or an op that needs real data: no fault term for it
+        n = 0
+    _FRESH_BYTES[key] = n
+    return n
+
+
+# ---------------------------------------------------------------------------------------------------------
 # The predictor of one model
 # ---------------------------------------------------------------------------------------------------------
 
@@ -240,6 +281,7 @@ class Predictor:
         self.method = method
         self.overhead = overhead or OverheadModel()
         self.n_records: dict[str, int] = {}
+        self._passes: dict[str, object] = {}  # pass key (branch_key) -> its trace
         # per phase: the signatures with their multiplicities, grouped by symbol set into stacked tables
         self._groups: dict[str, list[tuple[GridTable, np.ndarray]]] = {}
         self._forests: dict[str, list[tuple[SignatureModel, int]]] = {}
@@ -254,10 +296,14 @@ class Predictor:
         self.flattens_batches = False  # set by for_model from the engine (see iteration_latency)
         # filled by for_model(shape=True): per pass, the signatures predicted from shape alone (never measured)
         self.shape_predicted: dict[str, list[ShapeFill]] = {}
+        # seconds per byte of fresh pages (set by for_model from the DB on a CPU: the op profiles leave them
+        # out, see dooly.profiler.timing.reused_pages), and per pass the signatures whose outputs can need them
+        self.page_cost_s_per_byte = 0.0
+        self._large_outputs: dict[str, list[tuple[object, int]]] = {}
 
     def signature_keys(self) -> set[str]:
         """Every operator signature of the model's passes (all phases and branches)."""
-        return {s.key for tr in self.traces.values() for s in tr.all_unique()}  # type: ignore[attr-defined]
+        return _signature_keys(self.traces)
 
     def branch_key(self, phase: str, values: Mapping[str, int]) -> str:
         """The pass the engine runs in ``phase`` at ``values``: the phase, or ``phase/i`` for its i-th side."""
@@ -270,6 +316,7 @@ class Predictor:
     def _add_pass(self, key: str, tr: object, points: Mapping[str, Sequence], method: str) -> None:
         """Index one pass's signatures (with multiplicities) under ``key``, grouped by symbol set."""
         uniq = tr.unique()  # type: ignore[attr-defined]
+        self._passes[key] = tr
         self.n_records[key] = len(tr.records)  # type: ignore[attr-defined]
         by_syms: dict[tuple, list] = {}
         for s, mult in uniq.items():
@@ -346,6 +393,11 @@ class Predictor:
                 complete = (complete - held) | set(synth)
             else:
                 pts_model = pts
+            if strict and holdout:
+                n = sum(1 for k in _signature_keys(traces) if not pts_model.get(k))
+                if n:  # profiling the model again would not help: its own points are what is held out
+                    raise DoolyError(f"{db_path}: {n} signatures of {name} are of operator kinds no other model in "
+                                     "the DB measured, so they cannot be predicted from shape alone")  # fmt: skip
             if strict:
                 _require_complete(traces, pts_model, complete, name, model, db_path, ctx.hardware)
             if method == "auto":
@@ -353,6 +405,7 @@ class Predictor:
             pred = cls(name, traces, pts_model, method)
             pred.flattens_batches = engine.flattens_batches  # type: ignore[attr-defined]
             pred.shape_predicted = fills
+            pred.page_cost_s_per_byte = page_cost(store, ctx)
             # with the shape model's points: a --budget profile's own calibration forwards ran every signature
             pred.overhead = fit_overhead(store, ctx, engine, pts_model, method, own=None if holdout else name,
                                          exclude=name if holdout else None,
@@ -382,7 +435,24 @@ class Predictor:
             total += float(np.exp(g.predict_log(values)) @ mult)
         for model, mult in self._forests.get(phase, []):
             total += model(values) * mult
-        return total
+        return total + self.page_faults(phase, values)
+
+    def page_faults(self, phase: str, values: Mapping[str, int]) -> float:
+        """Seconds the pass spends faulting in fresh pages: for every op output above the allocator's mmap
+        ceiling (reused below it in a running engine, so free), its bytes at the machine's measured cost.
+        ``phase`` is a pass key (:meth:`branch_key`)."""
+        if not self.page_cost_s_per_byte:
+            return 0.0
+        from dooly.profiler.timing import MMAP_MAX_BYTES
+
+        if phase not in self._large_outputs:
+            self._large_outputs[phase] = [(s, m) for s, m in self._passes[phase].unique().items()  # type: ignore[attr-defined]
+                                          if fresh_output_bytes(s, _SCREEN_VALUES) >= MMAP_MAX_BYTES]  # fmt: skip
+        nbytes = 0
+        for s, mult in self._large_outputs[phase]:
+            b = fresh_output_bytes(s, values)
+            nbytes += mult * b if b >= MMAP_MAX_BYTES else 0
+        return nbytes * self.page_cost_s_per_byte
 
     def records_at(self, phase: str, values: Mapping[str, int]) -> int:
         """Operator calls of the pass the engine runs in ``phase`` at ``values``."""
@@ -443,9 +513,23 @@ def _flat_kv_base() -> int:
     return min(GridSpec().decode_kv_len)
 
 
+def page_cost(store, ctx) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per byte of fresh pages on the machine of ``ctx`` (0 where ``dooly profile`` measured none:
+    a GPU, a DB profiled on a Ray cluster)."""
+    from dooly.profiler.timing import PAGE_COST_KEY
+
+    rows = store.forwards(ctx, PAGE_COST_KEY[0])
+    return rows[0][3].median_s / rows[0][2]["bytes"] if rows else 0.0
+
+
+def _signature_keys(traces: Mapping[str, object]) -> set[str]:
+    """Every signature key of a model's traced passes (all phases and branches)."""
+    return {s.key for tr in traces.values() for s in tr.all_unique()}  # type: ignore[attr-defined]
+
+
 def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]
     """Refuse a model with a signature that has no profile, or one whose planned grid is not all stored."""
-    keys = {s.key for tr in traces.values() for s in tr.all_unique()}
+    keys = _signature_keys(traces)
     from dooly.store import profile_command
 
     again = profile_command(model, db_path, name)
@@ -497,10 +581,11 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
     from dooly.profiler import model_traces
 
     rows: dict[str, list] = {}  # model -> its rows (every calibration round and depth of it)
+    cost = page_cost(store, ctx)
     sigs: dict[str, set[str]] = {}  # model -> the signatures of its passes, over its depths
     by_key: dict[str, Predictor] = {}
     for key, phase, values, m in store.forwards(ctx):
-        if "#holdout" in key:  # validation measurements never train the predictor
+        if "#holdout" in key or key.startswith("#"):  # validation measurements and machine constants
             continue
         model = key.split("#")[0]
         if exclude is not None and model == exclude:
@@ -512,6 +597,7 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
                 continue
             by_key[variant] = Predictor(variant, model_traces(variant, json.loads(cfg_json), engine, store), pts,
                                         method)  # fmt: skip
+            by_key[variant].page_cost_s_per_byte = cost  # its forwards paid them too
             sigs.setdefault(model, set()).update(by_key[variant].signature_keys())
         p = by_key[variant]
         rows.setdefault(model, []).append((phase, p.ops_latency(phase, values), p.records_at(phase, values), values,
@@ -551,7 +637,7 @@ def own_signatures(store, ctx, name: str, traces: Mapping[str, object]) -> set[s
     from dooly.profiler.savings import profiled_models
 
     others = {k for m in profiled_models(store, ctx) if m.name != name for k in m.points}
-    return {s.key for tr in traces.values() for s in tr.all_unique()} - others  # type: ignore[attr-defined]
+    return _signature_keys(traces) - others
 
 
 def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignore[no-untyped-def]

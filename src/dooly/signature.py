@@ -71,7 +71,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,6 +293,15 @@ class TensorSpec:
     def from_dict(cls, d: Mapping[str, Any]) -> TensorSpec:
         stride = d.get("stride")
         return cls(_dims(d["shape"]), str(d["dtype"]), None if stride is None else _dims(stride))
+
+
+def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides of ``shape`` (a size-0 dimension counts as 1)."""
+    acc, out = 1, []
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(out))
 
 
 def _dims(values: Any) -> tuple[Dim, ...]:

@@ -17,6 +17,7 @@ from dooly.predictor import (
     SignatureModel,
     ValidationRow,
     choose_method,
+    fresh_output_bytes,
     holdout_errors,
     method_errors,
     phase_mape,
@@ -112,6 +113,21 @@ def test_forward_is_the_sum_over_the_trace_with_multiplicities() -> None:
     assert p.ops_latency("prefill", v) == pytest.approx(expect, rel=1e-6)
     assert p.forward_latency("prefill", v) == pytest.approx(expect, rel=1e-6)  # no overhead fitted
     assert not any(p.missing.values())
+
+
+def test_outputs_above_the_mmap_ceiling_pay_their_page_faults() -> None:
+    from dooly.profiler.timing import MMAP_MAX_BYTES
+
+    p = _predictor()
+    cat = next(s for s in p.traces["decode"].unique() if s.op == "aten.cat.default")
+    small, big = {"requests": 2, "kv_len": 64}, {"requests": 64, "kv_len": 16384}
+    assert fresh_output_bytes(cat, big) == 64 * 2 * 16385 * 16 * 2  # [requests, 2, kv_len + 1, 16] bfloat16
+    assert fresh_output_bytes(cat, small) < MMAP_MAX_BYTES < fresh_output_bytes(cat, big)
+    before = {k: p.ops_latency("decode", v) for k, v in (("small", small), ("big", big))}
+    p.page_cost_s_per_byte = 1e-9
+    assert p.ops_latency("decode", small) == before["small"]  # reused from the heap: no faults
+    faults = p.traces["decode"].unique()[cat] * fresh_output_bytes(cat, big) * 1e-9
+    assert p.ops_latency("decode", big) == pytest.approx(before["big"] + faults, rel=1e-9)
 
 
 def test_iteration_latency_composes_chunks_and_decodes() -> None:

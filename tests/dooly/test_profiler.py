@@ -15,6 +15,7 @@ from dooly.engines import get_engine
 from dooly.errors import DoolyError
 from dooly.profiler import GridSpec, TimerConfig, evict_caches, make_plan, run_plan, savings, time_calls
 from dooly.profiler.runner import _fresh, _resident_storages
+from dooly.profiler.timing import MMAP_MAX_BYTES, PAGE_COST_KEY, _libc, measure_page_cost, reused_pages
 from dooly.store import ProfileStore
 
 FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
@@ -47,6 +48,43 @@ def test_time_calls_stats() -> None:
     assert m.repeats == 5 and len(n) == 7  # 2 warm-up + 5 timed
     assert n == list(range(7))  # the rotation index advances on every call
     assert m.cost_s > 0
+
+
+def _faulted_share(nbytes: int) -> float:
+    """Of an output of ``nbytes`` allocated and filled in a loop, the share of its pages faulted in per call."""
+    import resource
+
+    for _ in range(2):
+        torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(4):
+        torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 4 / (nbytes / 4096)
+
+
+@pytest.mark.skipif(_libc() is None, reason="needs glibc's mallopt")
+def test_op_timing_reuses_pages_and_leaves_the_allocator_in_its_steady_state() -> None:
+    big = 2 * MMAP_MAX_BYTES
+    with reused_pages():
+        assert _faulted_share(big) < 0.05  # an output above the mmap ceiling reuses heap memory while timed
+        keep = [torch.ones(big, dtype=torch.uint8) for _ in range(3)]  # the heap grows while timing...
+        del keep
+    assert _faulted_share(MMAP_MAX_BYTES // 2) < 0.05  # after: below the ceiling reused, as in a running engine
+    assert _faulted_share(big) > 0.9  # ...and is handed back: above the ceiling fresh pages on every call
+    assert measure_page_cost(repeats=3).median_s > 0
+
+
+def test_a_sample_that_faulted_in_new_pages_is_taken_again() -> None:
+    kept, calls = [], []
+
+    def grows_then_settles(i: int) -> None:  # the first five calls fault in a new 4 MiB block each
+        calls.append(i)
+        if i < 5:
+            kept.append(torch.ones(4 * 2**20, dtype=torch.uint8))
+
+    cfg = TimerConfig(warmup=2, repeats=5, min_sample_s=0.0, max_inner=1)
+    m = time_calls(grows_then_settles, "cpu", cfg)
+    assert m.repeats == 5 and len(calls) == 2 + 3 + 5  # warm-up, three retaken samples, five kept
 
 
 def test_evict_caches_runs() -> None:
@@ -101,6 +139,8 @@ def test_plan_dedups_across_models_and_against_the_db(two_models) -> None:
         assert stats["points"] == len(items) and stats["failed"] == 0
         assert stats["from_context"] > 0  # inputs came from the engine's own forward (context reuse)
         assert st.complete_keys(plan.ctx) == ka | kb
+        ((_, _, v, m),) = st.forwards(plan.ctx, PAGE_COST_KEY[0])  # the page-fault cost, measured once
+        assert v == PAGE_COST_KEY[2] and m.median_s > 0
         again = make_plan([a, b], st, engine, GRID, threads=1)
         assert again.jobs == [] and again.known == ka | kb
         sv = savings(again, st)

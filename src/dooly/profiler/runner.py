@@ -9,6 +9,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,8 +19,17 @@ from dooly.errors import DoolyError
 from dooly.profiler.cluster import run_on_ray
 from dooly.profiler.plan import Job, Plan
 from dooly.profiler.savings import record_profiled
-from dooly.profiler.timing import CLOCKS, TimerConfig, clock_of, fixed_threads, time_calls
-from dooly.signature import Signature, TensorSpec
+from dooly.profiler.timing import (
+    CLOCKS,
+    PAGE_COST_KEY,
+    TimerConfig,
+    clock_of,
+    fixed_threads,
+    measure_page_cost,
+    reused_pages,
+    time_calls,
+)
+from dooly.signature import Signature, TensorSpec, contiguous_stride
 from dooly.store import Measurement, ProfileContext, ProfileStore
 
 _ROTATE_BYTES = 96 * 2**20  # > 2x a server L3: a rotated weight is never cache-hot, as in a real forward
@@ -127,14 +137,6 @@ def _resident_storages(model: Any, inputs: Mapping[str, Any]) -> set[int]:
     return ptrs
 
 
-def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    acc, out = 1, []
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(out))
-
-
 class JobRunner:
     """Runs jobs in one process, keeping truncated models between jobs of the same model."""
 
@@ -182,7 +184,8 @@ class JobRunner:
             values_full = {"requests": req, "tokens": tok, "kv_len": kv, **values}
             try:
                 call = self._materialise(sig, values_full, pool, dev)
-                with torch.no_grad():  # as the engine runs its forward
+                # as the engine runs its forward; on a CPU without page faults (the predictor adds them)
+                with torch.no_grad(), nullcontext() if self.engine.device.startswith("cuda") else reused_pages():
                     m = time_calls(call, self.engine.device, self.timer, self.clock)
             except Exception as exc:  # an op that cannot run standalone is reported, not fatal
                 self.stats["failed"] += 1
@@ -201,13 +204,13 @@ class JobRunner:
         rotated: dict[int, list[Any]] = {}
         shapes, _ = sig.concrete(values)
         own = pool.call_inputs(sig.op, [
-            (sh, st if st is not None else _contiguous_stride(sh), getattr(torch, spec.dtype))
+            (sh, st if st is not None else contiguous_stride(sh), getattr(torch, spec.dtype))
             for (sh, st), spec in zip(shapes, sig.inputs, strict=True)
         ])  # fmt: skip
 
         def make_tensor(i: int, spec: TensorSpec, shape: tuple[int, ...], stride: tuple[int, ...] | None) -> Any:
             dtype = getattr(torch, spec.dtype)
-            stride = stride if stride is not None else _contiguous_stride(shape)
+            stride = stride if stride is not None else contiguous_stride(shape)
             t = own[i] if own is not None else pool.tensors.get((tuple(shape), tuple(stride), dtype))
             if t is None and spec.stride is None:
                 t = next((x for (s, _, d), x in pool.tensors.items() if s == tuple(shape) and d == dtype), None)
@@ -334,6 +337,10 @@ def run_plan(
                 if on_job:
                     on_job(job, s)
         stats = dict(runner.stats)
+        if not engine.device.startswith("cuda") and not store.forwards(plan.ctx, PAGE_COST_KEY[0]):
+            # the page faults the op timings leave out, priced once per machine (see timing.reused_pages)
+            with fixed_threads(threads):
+                store.put_forward(plan.ctx, *PAGE_COST_KEY, measure_page_cost(clock=clock_of(plan.ctx)))
     stats.update({"device_s": spent, "wall_s": time.perf_counter() - t0, "completed": _finish(plan, store)})
     record_profiled(plan, store)
     return stats
