@@ -1,7 +1,8 @@
 """The KV-cache ``cat`` of an HF eager decode pass on a CPU, around glibc's 32 MiB mmap ceiling, three ways.
 
 A decode step extends each layer's K and V cache with ``torch.cat``: a new block the size of the whole cache.
-Up to 32 MiB a running engine reuses heap memory for it; above, glibc maps fresh pages and the kernel faults
+Up to 32 MiB a running engine reuses heap memory for it; above, glibc maps fresh pages (unless the heap holds a
+free block that large: that depends on its history, see the README) and the kernel faults
 in every 4 KiB of them on first touch, which costs several times the copy. For opt-125m (12 heads x 64, no
 grouped KV) at KV 1024 the ceiling falls between 20 and 28 requests. Per shape it prints, in ms per pass
 (24 cats):
@@ -78,13 +79,14 @@ def main() -> None:
                 engine.forward(model, inputs)
             samples.append(t.total)
         in_model = statistics.median(samples[1:])
-        src = [torch.randn(req, heads, kv, hd).to(torch.bfloat16) for _ in range(2)]  # rotated, as profiled
+        out_bytes = req * heads * (kv + 1) * hd * 2
+        copies = max(2, min(48, (96 * 2**20) // out_bytes))  # the cache passed in, rotated as the profiler does
+        src = [torch.randn(req, heads, kv, hd).to(torch.bfloat16) for _ in range(copies)]
         new = torch.randn(req, heads, 1, hd).to(torch.bfloat16)
 
         def cat(i: int, src: list = src, new: torch.Tensor = new) -> torch.Tensor:
-            return torch.cat([src[i % 2], new], dim=-2)
+            return torch.cat([src[i % len(src)], new], dim=-2)
 
-        out_bytes = req * heads * (kv + 1) * hd * 2
         plain = time_calls(cat, "cpu", timer, clock="thread").median_s
         with reused_pages():
             reused = time_calls(cat, "cpu", timer, clock="thread").median_s
