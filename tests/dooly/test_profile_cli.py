@@ -48,18 +48,6 @@ def test_plan_profile_validate(configs, monkeypatch) -> None:
     assert "MAPE prefill" in res.output and "decode" in res.output
 
 
-def test_zero_new_points_for_a_model_alone_in_the_db_says_why_not(configs, monkeypatch) -> None:
-    db, a, _ = configs
-    monkeypatch.setenv("DOOLY_THREADS", "1")
-    res = runner.invoke(app, ["profile", str(a), "--db", str(db), "--grid", "tiny", "--no-calibrate"])
-    assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--rounds", "1"])
-    assert res.exit_code == 0, res.output
-    text = " ".join(res.output.split())
-    # not "run `dooly profile`": the model was just profiled, and its own points are what is held out
-    assert "no zero new points figure" in text and "no other model in the DB measured" in text, text
-
-
 def test_validate_without_db_is_one_clear_error(configs) -> None:
     db, a, _ = configs
     res = runner.invoke(app, ["validate", str(a), "--db", str(db.parent / "none.db")])
@@ -176,6 +164,12 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     monkeypatch.setenv("DOOLY_THREADS", "1")
     res = runner.invoke(app, ["profile", str(a), "--db", str(db), "--grid", "tiny", "--no-calibrate"])
     assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--rounds", "1"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    # tiny-a alone in the DB has no zero-new-points figure, and the reason is not "run `dooly profile`": it was
+    # just profiled, and its own points are what is held out
+    assert "no zero new points figure" in text and "no other model in the DB measured" in text, text
     res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget", "1"])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
