@@ -6,6 +6,7 @@ timing method a profile was taken with.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -106,8 +107,10 @@ MMAP_MAX_BYTES = 32 * 2**20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 
 
+@functools.cache
 def _libc() -> Any:
-    """glibc, or None where there is none to tune (musl, macOS)."""
+    """glibc, or None where there is none to tune (musl, macOS). Loaded once: ``find_library`` runs
+    ``ldconfig`` in a subprocess, and ``reused_pages`` is entered for every profiled point."""
     import ctypes
     import ctypes.util
 
