@@ -46,6 +46,21 @@ def test_plan_profile_validate(configs, monkeypatch) -> None:
     res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp"])
     assert res.exit_code == 0, res.output
     assert "MAPE prefill" in res.output and "decode" in res.output
+    # --keep stores the held-out forwards; a second --keep run re-scores them without measuring
+    res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp", "--keep"])
+    assert res.exit_code == 0, res.output
+    with sqlite3.connect(db) as con:
+        kept = con.execute("SELECT COUNT(*) FROM forwards WHERE model LIKE 'tiny-a#holdout%'").fetchone()[0]
+    assert kept > 0
+    import dooly.profiler
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(dooly.profiler, "measure_forward", no_measuring)
+    again = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp", "--keep"])
+    assert again.exit_code == 0, again.output
+    assert re.findall(r"MAPE prefill .*", again.output) == re.findall(r"MAPE prefill .*", res.output)
 
 
 def test_validate_without_db_is_one_clear_error(configs) -> None:

@@ -1,6 +1,14 @@
 """`dooly` command line. Each module below registers its commands on the shared app."""
 
-from dooly.cli import profile, serve, trace  # noqa: F401  (registers commands)
-from dooly.cli.app import app, main
+import os
+import sys
+
+# Piped to a file or a CI log, rich falls back to 80 columns and cuts table cells ("request…"); a log
+# should hold the whole table. Set before the modules below create their consoles.
+if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+    os.environ["COLUMNS"] = "200"
+
+from dooly.cli import profile, serve, trace  # noqa: E402, F401  (registers commands)
+from dooly.cli.app import app, main  # noqa: E402
 
 __all__ = ["app", "main"]

@@ -256,6 +256,11 @@ def validate_cmd(
         help="Predict signatures without a complete profile from the shape model of their operator kind "
         "(after `dooly profile --budget`, or for a model never profiled).",
     ),  # fmt: skip
+    keep: bool = typer.Option(
+        False, "--keep/--no-keep",
+        help="Store the held-out measurements in the DB (as MODEL#holdout, never fitted on); a later `--keep` "
+        "run re-scores them without measuring again (after a new profile or predictor change, on this machine).",
+    ),  # fmt: skip
 ) -> None:
     """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase.
 
@@ -303,7 +308,11 @@ def validate_cmd(
         err.print(f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
                   f"signatures predicted from shape alone: {shaped}")  # fmt: skip
     err.print(f"measuring {name}")
-    rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats, rounds=rounds)
+    if keep:
+        with ProfileStore(db) as store:
+            rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats, rounds=rounds, store=store)
+    else:
+        rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats, rounds=rounds)
     others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
     cols = ["phase", "shape", "measured ms", "rounds ms"]
