@@ -12,6 +12,10 @@ A trace slower than ``--timeout`` seconds is ``crashed``.
     .venv/bin/python bench/bench_architectures.py mamba jamba --phases chunk
     .venv/bin/python bench/bench_architectures.py --shard 0/3 --json /tmp/a0.json   # a third; rerun resumes
     .venv/bin/python bench/bench_architectures.py --merge /tmp/a0.json /tmp/a1.json /tmp/a2.json
+    .venv/bin/python bench/bench_architectures.py --engine vllm   # the ones vLLM's registry builds, on vLLM's classes
+
+With ``--engine vllm`` the sweep takes the architectures whose causal-LM class vLLM registers (vLLM builds from the
+config's ``architectures``) and traces them through vLLM's own model classes.
 """
 
 from __future__ import annotations
@@ -130,14 +134,28 @@ def default_config(model_type: str) -> dict[str, Any]:
     return doc
 
 
+def vllm_model_types(model_types: list[str]) -> list[str]:
+    """The model types whose causal-LM class (the ``architectures`` a config gets) vLLM's registry builds."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from vllm.model_executor.models import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    return [mt for mt in model_types if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(mt) in supported]
+
+
 def sweep(
-    model_types: list[str], phases: list[str], timeout: int, console: Console, save: Path | None = None
+    model_types: list[str],
+    phases: list[str],
+    timeout: int,
+    console: Console,
+    save: Path | None = None,
+    engine_name: str = "hf-eager",
 ) -> list[dict[str, Any]]:
     """Trace each architecture in each phase; with ``save``, rows are written there after each architecture and
     the architectures already in it are skipped (a sweep cut short by a time limit resumes)."""
     from dooly.engines import get_engine
 
-    engine = get_engine()
+    engine = get_engine(engine_name)
     rows = json.loads(save.read_text()) if save is not None and save.exists() else []
     done = {r["arch"] for r in rows}
     signal.signal(signal.SIGALRM, _alarm)
@@ -223,6 +241,7 @@ def main() -> None:
     ap.add_argument("--shard", default="0/1", help="I/N: run the I-th of N equal slices of the architectures")
     ap.add_argument("--json", type=Path, help="write the rows here (and resume from it: its architectures are skipped)")
     ap.add_argument("--merge", type=Path, nargs="+", help="skip tracing: print the table of these --json files")
+    ap.add_argument("--engine", default="hf-eager", help="hf-eager (default) or vllm")
     a = ap.parse_args()
     console = Console(width=220)
     if a.merge:
@@ -231,9 +250,15 @@ def main() -> None:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         archs = a.archs or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        if a.engine == "vllm":  # vLLM's CPU attention kernels take head sizes of 32 and up
+            TINY.update(hidden_size=128, head_dim=32)
+        if a.engine == "vllm" and not a.archs:
+            every = archs
+            archs = vllm_model_types(every)
+            console.print(f"{len(archs)} of {len(every)} causal-LM architectures have a class vLLM registers")
         i, n = (int(x) for x in a.shard.split("/"))
         archs = archs[i::n]
-        rows = sweep(archs, a.phases.split(","), a.timeout, console, a.json)
+        rows = sweep(archs, a.phases.split(","), a.timeout, console, a.json, engine_name=a.engine)
     report(rows, console)
 
 

@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import sympy
 import torch
 from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import UnsupportedOperatorException
 
 from dooly.engines import Engine, RequestShape, get_engine
 from dooly.errors import DoolyError, one_line
@@ -84,18 +88,33 @@ def _module_tracking(model: torch.nn.Module) -> Iterator[list[str]]:
 MAX_BRANCHES = 8
 
 
-def real_run_failure(engine: Engine, config: Mapping[str, Any], phase: str, values: Mapping[str, int]) -> str | None:
-    """Why a real run of ``engine`` (real tensors, the request ``values``) fails in ``phase``, in one line; None
-    if it runs."""
-    tokens = 1 if phase == "decode" else int(values["tokens"])
-    shape = RequestShape(int(values["requests"]), tokens, int(values.get("kv_len", 0)))
+def real_run_failure(
+    engine: Engine, config: Mapping[str, Any], phase: str | None, values: Mapping[str, int]
+) -> str | None:
+    """Why a real run of ``engine`` (real tensors, the request ``values``) fails in ``phase`` (None: building the
+    model only), in one line; None if it runs."""
     try:
         with torch.no_grad():
             model = engine.build_model(config)
-            engine.forward(model, engine.prepare(model, shape))
+            if phase is not None:
+                tokens = 1 if phase == "decode" else int(values["tokens"])
+                shape = RequestShape(int(values["requests"]), tokens, int(values.get("kv_len", 0)))
+                engine.forward(model, engine.prepare(model, shape))
     except Exception as exc:  # noqa: BLE001 - any failure of the engine's own code is the answer
         return one_line(exc)
     return None
+
+
+def _engine_frame(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc``'s traceback outside torch: the engine code at fault."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+
+
+def _no_fake_impl(exc: UnsupportedOperatorException, where: str) -> DoolyError:
+    """A custom op (an engine's compiled kernel) with no shape-only implementation cannot run on fake tensors."""
+    return DoolyError(f"the engine calls {exc.func} in {where}, an op with no fake (shape-only) implementation, "
+                      "so the model cannot be traced")  # fmt: skip
 
 
 def trace_model(
@@ -148,8 +167,21 @@ def _trace_once(
     t0 = time.perf_counter()
     syms = RequestSymbols()
     syms.allow_constants = allow_constants
-    with syms.fake_mode:
-        model = engine.build_model(config)
+    try:
+        with syms.fake_mode:
+            model = engine.build_model(config)
+    except DoolyError:
+        raise
+    except UnsupportedOperatorException as exc:
+        raise _no_fake_impl(exc, "building the model") from None
+    except Exception as exc:
+        # the engine's constructor failed on fake tensors: say whether it builds at all, else where fakes break it
+        # (a constant it computes with torch and reads back, a module it builds on the meta device)
+        real = real_run_failure(engine, config, None, values)
+        if real is not None:
+            raise DoolyError(f"the engine cannot build this model even on real tensors ({real})") from None
+        raise DoolyError(f"the model builds on real tensors but not on fake ones, so it cannot be traced "
+                         f"({one_line(exc)} at {_engine_frame(exc)})") from None  # fmt: skip
     requests = syms.new("requests", values["requests"])
     if phase == "prefill":
         shape = RequestShape.prefill(requests, syms.new("tokens", values["tokens"]))
@@ -170,6 +202,8 @@ def _trace_once(
                 recorder.recording = False
     except DoolyError:
         raise
+    except UnsupportedOperatorException as exc:
+        raise _no_fake_impl(exc, f"its {phase}") from None
     except Exception:
         # A request size the code turned into a constant can break the pass later on (e.g. an SSM's chunk step
         # adds the cached length to a shape it fixed at prefill); that is the reason to report, as in the other

@@ -274,3 +274,34 @@ def test_configs_and_models_the_engine_cannot_build_or_run_are_refused_in_one_li
     xlnet = {"model_type": "xlnet", "d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 96, "vocab_size": 128}
     with pytest.raises(DoolyError, match=r"cannot run this model's prefill even on real tensors \(RuntimeError"):
         trace_model(xlnet, "prefill", engine=get_engine(dtype="bfloat16"))
+
+
+def test_a_model_that_builds_only_on_real_tensors_is_refused_in_one_line(monkeypatch) -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    engine = get_engine(dtype="float32")
+    build = engine.build_model
+
+    def reads_a_constant(config, **kw):  # an engine that computes a constant with torch and reads it back
+        model = build(config, **kw)
+        p = next(model.parameters())
+        if isinstance(p, FakeTensor):
+            float(torch.ones(2).sum() * p.new_ones(()).sum())  # a value fake tensors do not hold
+        return model
+
+    monkeypatch.setattr(engine, "build_model", reads_a_constant)
+    with pytest.raises(DoolyError, match=r"builds on real tensors but not on fake ones.* at test_tracer\.py:\d+\)$"):
+        trace_model(TINY, "prefill", engine=engine)
+
+    lib = torch.library.Library("dooly_test_nofake", "DEF")  # a compiled kernel with no shape-only version
+    lib.define("pack(Tensor x) -> Tensor")
+    lib.impl("pack", lambda x: x.clone(), "CPU")
+
+    def packs_a_weight(config, **kw):
+        model = build(config, **kw)
+        torch.ops.dooly_test_nofake.pack(next(model.parameters()))
+        return model
+
+    monkeypatch.setattr(engine, "build_model", packs_a_weight)
+    with pytest.raises(DoolyError, match=r"calls dooly_test_nofake\.pack\.default in building the model, .*no fake"):
+        trace_model(TINY, "prefill", engine=engine)

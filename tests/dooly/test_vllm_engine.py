@@ -137,3 +137,12 @@ def test_trace_cli_takes_the_engine_by_name(config, tmp_path) -> None:  # type: 
 def test_only_the_cpu_backend_is_wired() -> None:
     with pytest.raises(DoolyError, match="only vLLM's CPU backend"):
         get_engine("vllm", device="cuda")
+
+
+def test_a_moe_model_builds_after_a_dense_one(engine, config, model) -> None:  # type: ignore[no-untyped-def]
+    # vLLM makes its expert-parallel group only when the process's first model is a MoE one
+    assert model is not None  # the dense model of this module is built first
+    moe = {**config, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts": 4,
+           "num_experts_per_tok": 2}  # fmt: skip
+    tr = trace_model(moe, "prefill", engine=engine)
+    assert any("experts" in r.module for r in tr.records)

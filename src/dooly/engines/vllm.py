@@ -28,7 +28,7 @@ from typing import Any
 
 from dooly.batch import Batch
 from dooly.engines.base import Engine, RequestShape
-from dooly.errors import DoolyError
+from dooly.errors import DoolyError, one_line
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's per-build INFO lines would drown the CLI's output
 
@@ -132,21 +132,27 @@ class VLLMEngine(Engine):
         try:
             with unset_fake_temporarily():
                 return args.create_engine_config()
-        except (ValueError, TypeError, KeyError) as exc:
-            raise DoolyError(f"vLLM cannot configure {path.name}: {str(exc).splitlines()[0][:300]}") from None
+        except (ValueError, TypeError, KeyError) as exc:  # pydantic's reason is on the error's second line
+            raise DoolyError(f"vLLM cannot configure this model: {one_line(exc, lines=2)}") from None
 
     @staticmethod
     def _init_distributed() -> None:
         """One rank, no parallelism: vLLM's layers ask its process groups for their (trivial) shard sizes."""
         import torch
         from torch._subclasses.fake_tensor import unset_fake_temporarily
-        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.config import get_current_vllm_config
+        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, parallel_state
 
         with _DIST_LOCK, unset_fake_temporarily():  # the groups are real even when the model is built on fakes
             if not torch.distributed.is_initialized():
                 path = Path(tempfile.mkdtemp(prefix="dooly-vllm-dist-")) / "init"
                 init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"file://{path}",
                                              local_rank=0, backend="gloo")  # fmt: skip
+            # vLLM makes the expert-parallel group only when the first model of the process is a MoE one: a MoE
+            # model built after a dense one needs the groups made again
+            moe = get_current_vllm_config().model_config.is_moe
+            if moe and parallel_state.model_parallel_is_initialized() and parallel_state._EP is None:
+                parallel_state.destroy_model_parallel()
             ensure_model_parallel_initialized(1, 1)
 
     def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
@@ -167,8 +173,10 @@ class VLLMEngine(Engine):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # vLLM's loader reads fake storages' addresses (harmless)
                     model = get_model(vllm_config=vc)
-            except (ValueError, KeyError, TypeError, NotImplementedError) as exc:
-                raise DoolyError(f"vLLM cannot build the model: {str(exc).splitlines()[0][:300]}") from None
+            except (ValueError, KeyError, TypeError, NotImplementedError, AttributeError, ImportError) as exc:
+                # vLLM's model class rejects the config (a field it expects that this transformers' config class
+                # lacks, a package it needs): nothing dooly can trace
+                raise DoolyError(f"vLLM cannot build the model: {one_line(exc)}") from None
             layers = {n: m for n, m in model.named_modules() if isinstance(m, Attention)}
             if not layers:
                 raise DoolyError("engine vllm: the model has no attention layer vLLM's KV cache could serve")
