@@ -198,7 +198,13 @@ class VLLMEngine(Engine):
         return self._hf().architecture(config)
 
     def num_parameters(self, config: Any) -> int:
-        return self._hf().num_parameters(config)
+        from vllm.config import set_current_vllm_config
+
+        # vLLM's Transformers backend (models vLLM has no class of its own for) decorates transformers' model class
+        # in place; once it has built one, that class only builds inside the model's vLLM config
+        doc = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        with set_current_vllm_config(self.vllm_config(doc)):
+            return self._hf().num_parameters(config)
 
     def describe(self, model: Any) -> dict[str, Any]:
         st: _State = model._dooly_vllm
