@@ -146,3 +146,13 @@ def test_a_moe_model_builds_after_a_dense_one(engine, config, model) -> None:  #
            "num_experts_per_tok": 2}  # fmt: skip
     tr = trace_model(moe, "prefill", engine=engine)
     assert any("experts" in r.module for r in tr.records)
+
+
+def test_layers_are_bound_by_vllm_layer_names(engine) -> None:  # type: ignore[no-untyped-def]
+    # hrm_text holds its attention under `attn_per_step.N` while the layer registers as `...self_attn.attn`: the
+    # step's KV caches and metadata go by vLLM's name, which its attention looks up
+    cfg = {"model_type": "hrm_text", "vocab_size": 128, "hidden_size": 128, "intermediate_size": 96,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 32,
+           "max_position_embeddings": 512}  # fmt: skip
+    tr = trace_model(cfg, "prefill", engine=engine)
+    assert any(r.signature.op == ATTENTION for r in tr.records)

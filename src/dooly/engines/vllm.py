@@ -177,7 +177,10 @@ class VLLMEngine(Engine):
                 # vLLM's model class rejects the config (a field it expects that this transformers' config class
                 # lacks, a package it needs): nothing dooly can trace
                 raise DoolyError(f"vLLM cannot build the model: {one_line(exc)}") from None
-            layers = {n: m for n, m in model.named_modules() if isinstance(m, Attention)}
+            # by vLLM's own layer names (the prefix each layer registered, which its metadata lookup uses; a
+            # model may hold a layer under another module path)
+            ctx = vc.compilation_config.static_forward_context
+            layers = {n: m for n, m in ctx.items() if isinstance(m, Attention)}
             if not layers:
                 raise DoolyError("engine vllm: the model has no attention layer vLLM's KV cache could serve")
             by_spec: dict[Any, list[str]] = {}
