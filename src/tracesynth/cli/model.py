@@ -233,7 +233,8 @@ def sample(
         msg = f"; repair: violations {rep.violations_before} -> {rep.violations_after}"
     trace.save(output)
     span = trace.duration_ns / 1e9
-    console.print(f"{model} -> {output}: {len(trace):,} events, {trace.n_event_types} event types, {span:.3f} s{msg}")
+    console.print(f"{model} -> {output}: {len(trace):,} events, {trace.n_event_types} event types, {span:.3f} s{msg}",
+                  soft_wrap=True)  # one line whatever the paths: logs and scripts read it
 
 
 def _set_threads(n: int) -> None:
