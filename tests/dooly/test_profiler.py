@@ -83,10 +83,12 @@ def test_op_timing_reuses_pages_and_leaves_the_allocator_in_its_steady_state() -
 def test_a_sample_that_faulted_in_new_pages_is_taken_again() -> None:
     kept, calls = [], []
 
-    def grows_then_settles(i: int) -> None:  # the first five calls fault in a new 4 MiB block each
+    # the first five calls fault in a new 40 MiB block each: above glibc's 32 MiB mmap ceiling every one is mapped
+    # fresh (a 4 MiB block could come from heap that earlier tests had freed, and then not fault)
+    def grows_then_settles(i: int) -> None:
         calls.append(i)
         if i < 5:
-            kept.append(torch.ones(4 * 2**20, dtype=torch.uint8))
+            kept.append(torch.ones(40 * 2**20, dtype=torch.uint8))
 
     cfg = TimerConfig(warmup=2, repeats=5, min_sample_s=0.0, max_inner=1)
     m = time_calls(grows_then_settles, "cpu", cfg)
