@@ -162,8 +162,9 @@ class VLLMEngine(Engine):
         from vllm.model_executor.layers.attention import Attention
         from vllm.model_executor.model_loader import get_model
 
-        self.check_weights_fit(config, num_layers=num_layers)
         vc = self.vllm_config(config, num_layers=num_layers)
+        with set_current_vllm_config(vc):  # num_parameters then takes this config rather than making another
+            self.check_weights_fit(config, num_layers=num_layers)
         # vLLM memoises rotary-embedding modules process-wide: one built on real tensors must not be handed to a
         # model built on fake ones (or the other way round)
         rotary_embedding._ROPE_DICT.clear()
@@ -201,10 +202,12 @@ class VLLMEngine(Engine):
         return self._hf().architecture(config)
 
     def num_parameters(self, config: Any) -> int:
-        from vllm.config import set_current_vllm_config
+        from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
 
         # vLLM's Transformers backend (models vLLM has no class of its own for) decorates transformers' model class
         # in place; once it has built one, that class only builds inside the model's vLLM config
+        if get_current_vllm_config_or_none() is not None:
+            return self._hf().num_parameters(config)
         doc = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         with set_current_vllm_config(self.vllm_config(doc)):
             return self._hf().num_parameters(config)
