@@ -98,7 +98,10 @@ def _generators(args) -> dict[str, object]:
 def _samplings(gname: str, args) -> list[tuple[str, dict]]:
     """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps,
     ar and markov4 unguided and guided by the kernel invariants."""
-    if gname.split("[")[0] in ("ar", "markov4"):
+    if gname.split("[")[0] == "ar":  # one row per --temperatures value, unguided and guided
+        return [(f"{gname}{'' if t == 1 else f'@t{t:g}'}{'+guided' if g == 'kernel' else ''}",
+                 {"guide": g, "temperature": t}) for t in args.temperatures for g in ("none", "kernel")]
+    if gname == "markov4":
         return [(gname, {"guide": "none"}), (f"{gname}+guided", {"guide": "kernel"})]
     if gname != "masked":
         return [(gname, {})]
@@ -229,6 +232,8 @@ def main() -> None:
     ap.add_argument("--chains", type=int, default=16, help="chains sampled in parallel by the token models")
     ap.add_argument("--only", nargs="+", choices=["markov4", "masked", "ar", "gaussian"], default=None,
                     help="fit only these generators (default: all but gaussian)")
+    ap.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
+                    help="sample ar at each of these softmax temperatures (rows ar@tT; 1 = the model's distribution)")
     ap.add_argument("--unmask", choices=list(UNMASK), default="random")
     ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
     ap.add_argument("--init", type=Path, default=None,

@@ -123,12 +123,6 @@ def _libc() -> Any:
     return lib
 
 
-def _malloc_trim() -> None:
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
 @contextmanager
 def reused_pages() -> Iterator[None]:
     """While timing one op in a loop: serve every allocation from the heap and keep freed memory there, so
@@ -168,24 +162,32 @@ PAGE_COST_KEY = ("#fresh-pages", "alloc", {"bytes": 64 * 2**20})
 
 
 def measure_page_cost(repeats: int = 9, clock: str = "wall") -> Measurement:
-    """Seconds a block of ``PAGE_COST_KEY``'s bytes above the mmap ceiling costs beyond writing it: allocated,
-    filled (every page faulted in) and freed (unmapped), minus filling a block already in place; median of
-    ``repeats``. Stored per hardware context by ``dooly profile``, measured in its process after the jobs (the
-    cost grows with the process's resident memory: 0.25-0.45 ms per MiB on this VM, as a model is loaded)."""
+    """Seconds a block of ``PAGE_COST_KEY``'s bytes above the mmap ceiling costs beyond writing it: mapped,
+    filled (every page faulted in) and unmapped, minus filling a block already in place; median of ``repeats``.
+    Stored per hardware context by ``dooly profile``, measured in its process after the jobs (the cost grows with
+    the process's resident memory: 0.25-0.45 ms per MiB on this VM, as a model is loaded).
+
+    The block is mapped with ``mmap`` itself, as glibc maps an output above its ceiling when no free block of the
+    heap can hold it: through ``malloc`` the price depended on what the jobs had left on the heap (a free block
+    large enough, kept by ``malloc_trim``, served it without a fault, and the price came out 0)."""
+    import mmap
+
     import torch
 
     nbytes = PAGE_COST_KEY[2]["bytes"]
     now = CLOCKS[clock]
     start = now()
-    _malloc_trim()  # no free heap left to serve the block from: it is mapped fresh, as in a running engine
     warm = torch.empty(nbytes, dtype=torch.uint8)
     warm.fill_(0)
     samples = []
     for _ in range(repeats):
         t0 = now()
-        block = torch.empty(nbytes, dtype=torch.uint8)
+        # private and anonymous, as glibc maps it (Python's default, shared, faults about 1.6x slower here)
+        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        block = torch.frombuffer(buf, dtype=torch.uint8)
         block.fill_(1)
         del block
+        buf.close()
         t1 = now()
         warm.fill_(2)
         t2 = now()
