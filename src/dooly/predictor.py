@@ -253,6 +253,8 @@ def fresh_output_bytes(sig: object, values: Mapping[str, int]) -> int:
         n = sum(b for k, b in outs.items() if k not in ins)
     except Exception:  # no meta kernel, or an op that needs real data: no fault term for it
         n = 0
+    if len(_FRESH_BYTES) >= 100_000:  # one entry per signature and request size: bounded for long-lived processes
+        _FRESH_BYTES.clear()
     _FRESH_BYTES[key] = n
     return n
 
