@@ -214,6 +214,29 @@ def _fmt(r: dict) -> str:
             f"sample {f('sample_ev_s', ',.0f'):>8s} ev/s")
 
 
+SEEDED = ("rule_viol", "repair_edit", "jsd3", "auc", "copied128", "nxt_f1")
+
+
+def _print_over_seeds(rows: list[dict]) -> None:
+    """Per trace and generator, each sampled figure's mean [min-max] over the sampling seeds (one seed's 20,000
+    events can sit far from another's: a chain that drifts into an idle loop moves the 3-gram JSD by 2x)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["trace"], r["generator"]), []).append(r)
+    print(f"\nover {len(next(iter(groups.values())))} sampling seeds, mean [min-max]:")
+    for (trace, gen), rs in groups.items():
+        cells = []
+        for k in SEEDED:
+            v = np.array([r[k] for r in rs if r.get(k) is not None], dtype=float)
+            if len(v):
+                cells.append(f"{k} {_fmt_metric(k, v.mean())} [{_fmt_metric(k, v.min())}-{_fmt_metric(k, v.max())}]")
+        print(f"{trace:10s} {gen:24s} " + "  ".join(cells), flush=True)
+
+
+def _fmt_metric(k: str, x: float) -> str:
+    return f"{100 * x:.2f}%" if k in ("rule_viol", "repair_edit", "copied128") else f"{x:.3f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=["scimark2", "sqlite", "fio"],
@@ -241,6 +264,8 @@ def main() -> None:
                          "(row ar[all]) beside the same network trained from scratch (row ar[=all]), both for "
                          "--train-seconds")
     ap.add_argument("--seed", type=int, default=0, help="seed of the neural models' weights, batches and samples")
+    ap.add_argument("--sample-seeds", type=int, nargs="+", default=None,
+                    help="with --load: sample (and score) once per seed, then print each figure's mean and range")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
@@ -249,6 +274,8 @@ def main() -> None:
                          "blocks it was trained / not trained on, instead of fitting the neural generators; "
                          "--workloads all (or names) picks its traces")
     args = ap.parse_args()
+    if args.sample_seeds and not args.load:
+        ap.error("--sample-seeds needs --load (the fitted generators are fitted once per --seed)")
     if args.quick:
         args.workloads, args.train_seconds, args.events = args.workloads[:2], 60, 10000
     if args.threads:
@@ -261,8 +288,13 @@ def main() -> None:
               flush=True)
         for name, train, test in _loaded_traces(loaded, args.load):
             if name in args.workloads or args.workloads == ["all"]:
-                gens = {"markov4": MarkovChain(order=4), f"{loaded.name}[{args.load.name}]": loaded}
-                rows += bench_trace(name, train, test, gens, args, loaded=f"{loaded.name}[{args.load.name}]")
+                for seed in args.sample_seeds or [args.seed]:
+                    args.seed = seed
+                    gens = {"markov4": MarkovChain(order=4), f"{loaded.name}[{args.load.name}]": loaded}
+                    got = bench_trace(name, train, test, gens, args, loaded=f"{loaded.name}[{args.load.name}]")
+                    rows += [{**r, "seed": seed} for r in got]
+        if len(args.sample_seeds or []) > 1:
+            _print_over_seeds(rows)
     else:
         names = [*args.workloads, *(["lttng-wget"] if args.lttng and "lttng-wget" not in args.workloads else [])]
         if "lttng-wget" in names and not LTTNG.exists():
