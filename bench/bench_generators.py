@@ -35,6 +35,7 @@ invariants (`ar+guided`, `markov4+guided`).
     .venv/bin/python bench/bench_generators.py --workloads scimark2 sqlite fio --train-seconds 300
     .venv/bin/python bench/bench_generators.py --quick          # 60 s per model, 2 workloads
     .venv/bin/python bench/bench_generators.py --load models/all  # the shipped checkpoint vs Markov-4
+    .venv/bin/python bench/bench_generators.py --load models/all --workloads all --sample-seeds 0 1 2  # mean, range
 """
 
 from __future__ import annotations
