@@ -36,6 +36,9 @@ invariants (`ar+guided`, `markov4+guided`).
     .venv/bin/python bench/bench_generators.py --quick          # 60 s per model, 2 workloads
     .venv/bin/python bench/bench_generators.py --load models/all  # the shipped checkpoint vs Markov-4
     .venv/bin/python bench/bench_generators.py --load models/all --workloads all --sample-seeds 0 1 2  # mean, range
+
+`--sample-seeds S...` fits every generator once per trace, then samples and scores each once per seed and
+prints every figure's mean [min-max] over the seeds (one seed's sample can sit far from another's).
 """
 
 from __future__ import annotations
@@ -119,63 +122,68 @@ def _top_rules(report, k: int = 4) -> str:
     return ", ".join(f"{r} {n / max(report.events, 1):.1%}" for n, r in top) or "none"
 
 
-def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: str | None = None) -> list[dict]:
-    """Fit (all but the `loaded` one, already trained), sample and score every generator on one trace's
-    training / test blocks."""
+def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: str | None = None,
+                seeds: list[int] | None = None) -> list[dict]:
+    """Fit (all but the `loaded` one, already trained) every generator on one trace's training block, then per
+    sampling seed (default: `args.seed`) sample and score each against the test block; rows carry their seed."""
     t_setup = time.perf_counter()
     rules = mine_rules([train])
     wd = prepare_workload(name, Split(train, train.slice(0, 0), test), context=64, max_test=4000)
     clf = ClassifierConfig()
     n_ev = len(wd.vocab)
     real_windows = make_windows(train, wd.vocab, wd.context)  # the discriminator's real side: the training block
-    rows = []
     real_f1 = next_event_scores(wd.windows(train, stride=4), wd.test, n_ev, clf)["macro_f1"]
     copied = memorisation(test.slice(0, args.events), train, 128)["copied_window_share"]
-    rows.append({"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate,
-                 "copied128": copied})  # fmt: skip
+    real = {"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate,
+            "copied128": copied}
     print(f"{name}: {len(train):,} training / {len(test):,} test events; rules, real F1: "
           f"{time.perf_counter() - t_setup:.0f} s", flush=True)
-    samples = {}
+    fitted = []  # (name, generator, fit seconds): every generator fitted once, sampled once per seed
     for gname, gen in gens.items():
         t0 = time.perf_counter()
         gen, init = gen if isinstance(gen, tuple) else (gen, None)
         if gname != loaded:
             gen.fit([train], **({"init": init} if init is not None else {}))
-        fit_s = time.perf_counter() - t0 if gname != loaded else gen.fit_info.get("train_seconds")
-        info = gen.fit_info
-        train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
-        for rname, setting in _samplings(gname, args):
-            config = getattr(gen, "config", None)  # token models keep sampler settings in their config
-            for k, v in setting.items() if config is not None else ():
-                setattr(config, k, v)
-            extra = {"workload": name} if gname == loaded and getattr(gen, "workloads", None) else {}
-            t0 = time.perf_counter()
-            raw = gen.sample(args.events, seed=args.seed, **(setting if config is None else {}), **extra)
-            sample_s = time.perf_counter() - t0
-            t_eval = time.perf_counter()
-            _, rep = repair_trace(raw, rules, seed=0)
-            mem = memorisation(raw, train, 128)
-            f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
-            check = check_trace(raw, rules)
-            samples[rname] = make_windows(raw, wd.vocab, wd.context)
-            rows.append({
-                "trace": name, "generator": rname, "fit_s": fit_s, "steps": info.get("train_steps"),
-                "train_ev_s": train_ev_s, "sample_ev_s": len(raw) / max(sample_s, 1e-9),
-                "rule_viol": check.rate, "repair_edit": rep.edit_rate,
-                "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
-                "rules": {r: n / max(check.events, 1) for r, n in check.counts.items() if n},
-            })
-            print(_fmt(rows[-1]), flush=True)
-            print(f"{'':24s}rules broken most: {_top_rules(check)}; scored in {time.perf_counter() - t_eval:.0f} s",
-                  flush=True)
-    # one discriminator run for every sample, so all share the real-vs-real reference and the window budget
-    auc = same_phase_discriminator(real_windows, samples, n_ev, clf, seed=0, gap=wd.context, max_windows=2000)
-    rows[0]["auc"] = auc["reference"]
-    for r in rows[1:]:
-        r["auc"] = auc[r["generator"]]
-    print(f"discriminator AUC (same phase; real vs real {auc['reference']:.3f}): "
-          + ", ".join(f"{r['generator']} {r['auc']:.3f}" for r in rows[1:]), flush=True)
-    print(_fmt(rows[0]), flush=True)
+        fitted.append((gname, gen, time.perf_counter() - t0 if gname != loaded else gen.fit_info.get("train_seconds")))
+    rows = []
+    for seed in seeds or [args.seed]:
+        seed_rows, samples = [{**real, "seed": seed}], {}
+        for gname, gen, fit_s in fitted:
+            info = gen.fit_info
+            train_ev_s = info.get("train_events_per_s") or len(train) / max(fit_s, 1e-9)
+            for rname, setting in _samplings(gname, args):
+                config = getattr(gen, "config", None)  # token models keep sampler settings in their config
+                for k, v in setting.items() if config is not None else ():
+                    setattr(config, k, v)
+                extra = {"workload": name} if gname == loaded and getattr(gen, "workloads", None) else {}
+                t0 = time.perf_counter()
+                raw = gen.sample(args.events, seed=seed, **(setting if config is None else {}), **extra)
+                sample_s = time.perf_counter() - t0
+                t_eval = time.perf_counter()
+                _, rep = repair_trace(raw, rules, seed=0)
+                mem = memorisation(raw, train, 128)
+                f1 = next_event_scores(wd.windows(raw, stride=4), wd.test, n_ev, clf)["macro_f1"]
+                check = check_trace(raw, rules)
+                samples[rname] = make_windows(raw, wd.vocab, wd.context)
+                seed_rows.append({
+                    "trace": name, "generator": rname, "seed": seed, "fit_s": fit_s, "steps": info.get("train_steps"),
+                    "train_ev_s": train_ev_s, "sample_ev_s": len(raw) / max(sample_s, 1e-9),
+                    "rule_viol": check.rate, "repair_edit": rep.edit_rate,
+                    "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
+                    "rules": {r: n / max(check.events, 1) for r, n in check.counts.items() if n},
+                })
+                print(_fmt(seed_rows[-1]), flush=True)
+                print(f"{'':24s}rules broken most: {_top_rules(check)}; scored in "
+                      f"{time.perf_counter() - t_eval:.0f} s", flush=True)
+        # one discriminator run per seed for every sample, so all share the real-vs-real reference and window budget
+        auc = same_phase_discriminator(real_windows, samples, n_ev, clf, seed=0, gap=wd.context, max_windows=2000)
+        seed_rows[0]["auc"] = auc["reference"]
+        for r in seed_rows[1:]:
+            r["auc"] = auc[r["generator"]]
+        print(f"discriminator AUC (same phase; real vs real {auc['reference']:.3f}): "
+              + ", ".join(f"{r['generator']} {r['auc']:.3f}" for r in seed_rows[1:]), flush=True)
+        print(_fmt(seed_rows[0]), flush=True)
+        rows += seed_rows
     return rows
 
 
@@ -266,7 +274,8 @@ def main() -> None:
                          "--train-seconds")
     ap.add_argument("--seed", type=int, default=0, help="seed of the neural models' weights, batches and samples")
     ap.add_argument("--sample-seeds", type=int, nargs="+", default=None,
-                    help="with --load: sample (and score) once per seed, then print each figure's mean and range")
+                    help="sample (and score) every fitted generator once per seed, then print each figure's mean "
+                         "and range (--seed still seeds the fits)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
@@ -275,8 +284,6 @@ def main() -> None:
                          "blocks it was trained / not trained on, instead of fitting the neural generators; "
                          "--workloads all (or names) picks its traces")
     args = ap.parse_args()
-    if args.sample_seeds and not args.load:
-        ap.error("--sample-seeds needs --load (the fitted generators are fitted once per --seed)")
     if args.quick:
         args.workloads, args.train_seconds, args.events = args.workloads[:2], 60, 10000
     if args.threads:
@@ -289,13 +296,9 @@ def main() -> None:
               flush=True)
         for name, train, test in _loaded_traces(loaded, args.load):
             if name in args.workloads or args.workloads == ["all"]:
-                for seed in args.sample_seeds or [args.seed]:
-                    args.seed = seed
-                    gens = {"markov4": MarkovChain(order=4), f"{loaded.name}[{args.load.name}]": loaded}
-                    got = bench_trace(name, train, test, gens, args, loaded=f"{loaded.name}[{args.load.name}]")
-                    rows += [{**r, "seed": seed} for r in got]
-        if len(args.sample_seeds or []) > 1:
-            _print_over_seeds(rows)
+                gens = {"markov4": MarkovChain(order=4), f"{loaded.name}[{args.load.name}]": loaded}
+                rows += bench_trace(name, train, test, gens, args, loaded=f"{loaded.name}[{args.load.name}]",
+                                    seeds=args.sample_seeds)
     else:
         names = [*args.workloads, *(["lttng-wget"] if args.lttng and "lttng-wget" not in args.workloads else [])]
         if "lttng-wget" in names and not LTTNG.exists():
@@ -303,7 +306,9 @@ def main() -> None:
         traces = [(Path(w).stem, read_trace(_trace_path(w))) for w in names]
         for name, t in traces:
             t = t.slice(args.skip, args.skip + args.max_events)
-            rows += bench_trace(name, *split_by_time(t, (0.7, 0.3)), _generators(args), args)
+            rows += bench_trace(name, *split_by_time(t, (0.7, 0.3)), _generators(args), args, seeds=args.sample_seeds)
+    if len(args.sample_seeds or []) > 1:
+        _print_over_seeds(rows)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 
