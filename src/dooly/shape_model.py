@@ -11,14 +11,18 @@ signatures of that kind are pooled and one small model is fitted over shape-deri
   few KV heads store them);
 * ``tasks``: attention's batch x heads (its kernels split the work per sequence and head, each with a fixed
   cost); zero for every other op;
+* ``gemv``: the bytes of a matmul or linear whose left operand has one row (a decode step of one request), zero
+  otherwise: the CPU libraries run such a call as a matrix-vector product, a kernel of its own that streams the
+  weights slower than two or more rows do (Mistral 7B's 4096 x 14336 projection: 10.3 ms at one request, 9.7 ms at
+  three), which no smooth law over flops and bytes can follow;
 
 Two forms are fitted, each with numpy least squares, and the one with the lower leave-one-signature-out
 error is kept per kind:
 
-* ``roofline``: ``t = c0 + c1·flops + c2·bytes + c3·tasks`` with non-negative coefficients, fitted in relative error
-  (a fixed launch cost plus a compute and a memory rate);
-* ``loglog``: ``log t = a + b·log(1 + flops) + c·log(1 + bytes) + d·log(1 + tasks)`` (efficiency that
-  changes with size).
+* ``roofline``: ``t = c0 + c1·flops + c2·bytes + c3·tasks + c4·gemv`` with non-negative coefficients, fitted in
+  relative error (a fixed launch cost plus a compute and a memory rate);
+* ``loglog``: ``log t = a + b·log(1 + flops) + c·log(1 + bytes) + d·log(1 + tasks) + e·log(1 + gemv)``
+  (efficiency that changes with size).
 
 **Uncertainty.** Each kind keeps the spread of its leave-one-signature-out residuals (``sigma``: RMS of the
 log error when each signature is predicted by a fit that never saw it), widened for a signature whose
@@ -113,8 +117,25 @@ def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float
     return elements, read + elements * item, 0.0
 
 
+def _one_row(sig: Signature, shapes: Sequence) -> bool:
+    """Whether a matmul or linear call multiplies a single row (a matrix-vector product)."""
+    if sig.op in _MATMUL and len(shapes) >= 2:
+        return shapes[-2][0][-2] == 1
+    if sig.op == "aten.linear.default" and len(shapes) >= 2:
+        return math.prod(shapes[0][0][:-1]) == 1
+    return False
+
+
+def features(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float, float]:
+    """``(flops, bytes, tasks, gemv)`` of one call (see the module docstring): :func:`work` plus the bytes of a
+    one-row matmul."""
+    flops, nbytes, tasks = work(sig, values)
+    shapes, _ = sig.concrete(values)
+    return flops, nbytes, tasks, nbytes if _one_row(sig, shapes) else 0.0
+
+
 def _features(fb: np.ndarray) -> np.ndarray:
-    """Log-space design of ``(flops, bytes, tasks)`` rows: ``[1, log(1 + flops), log(1 + bytes), log(1 + tasks)]``."""
+    """Log-space design of work rows: ``[1, log(1 + flops), log(1 + bytes), ...]``."""
     return np.column_stack([np.ones(len(fb)), np.log1p(fb)])
 
 
@@ -155,7 +176,7 @@ class KindModel:
     loso_mape: float  # mean leave-one-signature-out relative error (%), for the report
     n_signatures: int
     n_points: int
-    _xtx_inv: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((4, 4)))
+    _xtx_inv: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((5, 5)))
 
     def predict(self, fb: np.ndarray) -> np.ndarray:
         return np.maximum(self.fit.predict(fb), 1e-9)
@@ -241,7 +262,7 @@ class ShapeModel:
             sig = signatures.get(key)
             if sig is None or key in exclude or not pts:
                 continue
-            fb = np.array([work(sig, {s: int(v) for s, v in p.items()}) for p, _ in pts])
+            fb = np.array([features(sig, {s: int(v) for s, v in p.items()}) for p, _ in pts])
             t = np.maximum(np.array([lat for _, lat in pts], dtype=np.float64), 1e-9)
             fine.setdefault(kind_of(sig), {})[key] = (fb, t)
             coarse.setdefault(coarse_kind_of(sig), {})[key] = (fb, t)
@@ -266,7 +287,7 @@ class ShapeModel:
         km = self.model_for(sig)
         if km is None:
             return ShapePrediction(np.full(len(vals), np.nan), math.inf)
-        fb = np.array([work(sig, v) for v in vals])
+        fb = np.array([features(sig, v) for v in vals])
         return ShapePrediction(km.predict(fb), min(_MAX_SIGMA, km.sigma * math.sqrt(1.0 + km.leverage(fb))))
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dooly.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, kind_of, work
+from dooly.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, features, kind_of, work
 from dooly.signature import Signature, TensorSpec
 
 MM_ARGS = '{"args":[{"tensor":0},{"tensor":1}],"kwargs":{}}'
@@ -62,6 +62,25 @@ def test_a_roofline_law_is_recovered_for_a_signature_never_fitted() -> None:
     assert np.max(np.abs(pred.seconds / truth - 1)) < 0.02
     assert model.kinds[kind_of(new)].fit.form == "roofline"
     assert pred.rel_uncertainty < 0.02
+
+
+def test_a_one_row_matmul_keeps_its_own_price_per_byte() -> None:
+    """A matrix-vector product (one row) streams the weights slower than a few rows do, as on the CPUs measured:
+    the gemv feature carries that to a larger signature never fitted, at one row and at several."""
+
+    def law(s: Signature, t: int) -> float:
+        flops, nbytes, _ = work(s, {"tokens": t})
+        return 4e-6 + flops / 2e10 + nbytes / 5e9 + (nbytes / 1e10 if t == 1 else 0.0)
+
+    train = [mm(k, n) for k, n in ((64, 64), (64, 256), (256, 64), (128, 512), (512, 128), (256, 256))]
+    model = ShapeModel.fit({s.key: s for s in train}, points(train, law))
+    new = mm(1024, 4096)
+    ts = (1, 2, 32)
+    pred = model.predict(new, [{"tokens": t} for t in ts]).seconds
+    truth = np.array([law(new, t) for t in ts])
+    assert np.max(np.abs(pred / truth - 1)) < 0.02
+    assert pred[0] > pred[1]  # one row slower than two, as measured
+    assert features(new, {"tokens": 1})[3] == work(new, {"tokens": 1})[1] and features(new, {"tokens": 2})[3] == 0
 
 
 def test_a_power_law_is_recovered_by_the_loglog_form() -> None:
