@@ -81,6 +81,12 @@ def coarse_kind_of(sig: Signature) -> str:
 
 def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float]:
     """``(flops, bytes, tasks)`` of one call of ``sig`` at request ``values`` (see the module docstring)."""
+    return features(sig, values)[:3]
+
+
+def features(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float, float]:
+    """``(flops, bytes, tasks, gemv)`` of one call of ``sig`` at request ``values``: :func:`work` plus, for a
+    matmul or linear with one row, its bytes again (see the module docstring)."""
     shapes, args = sig.concrete(values)
     numels = [math.prod(s) for s, _ in shapes]
     sizes = [_ITEMSIZE.get(t.dtype, 4) for t in sig.inputs]
@@ -90,18 +96,20 @@ def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float
         a, b = shapes[-2][0], shapes[-1][0]  # addmm/baddbmm: (bias, a, b)
         m, k, n = a[-2], a[-1], b[-1]
         batch = math.prod(a[:-2])
-        return 2.0 * batch * m * n * k, read + batch * m * n * item, 0.0
+        moved = read + batch * m * n * item
+        return 2.0 * batch * m * n * k, moved, 0.0, moved if m == 1 else 0.0
     if sig.op == "aten.linear.default" and len(shapes) >= 2:
         x, w = shapes[0][0], shapes[1][0]  # x (..., K) @ w (N, K)^T
         rows, n, k = math.prod(x[:-1]), w[0], x[-1]
-        return 2.0 * rows * n * k, read + rows * n * item, 0.0
+        moved = read + rows * n * item
+        return 2.0 * rows * n * k, moved, 0.0, moved if rows == 1 else 0.0
     if "scaled_dot_product" in sig.op and len(shapes) >= 3:
         q, k = shapes[0][0], shapes[1][0]
         batch_heads, length, dim, kv_len = math.prod(q[:-2]), q[-2], q[-1], k[-2]
         # the kernels run per (sequence, query head), and each reads its KV head's keys and values in full: with
         # grouped-query attention the KV heads set what is stored, the query heads what is read
         moved = batch_heads * (2 * length + 2 * kv_len) * dim * item  # q and the output, then K and V per q head
-        return 4.0 * batch_heads * length * kv_len * dim, float(moved), float(batch_heads)
+        return 4.0 * batch_heads * length * kv_len * dim, float(moved), float(batch_heads), 0.0
     # elementwise, reductions, copies, creation ops: the element count (a creation op's size is in its args)
     sym_ints: list[int] = []
 
@@ -114,24 +122,7 @@ def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float
 
     grab(args.get("args", []) if isinstance(args, dict) else [])
     elements = float(max(numels + [abs(v) for v in sym_ints if abs(v) < 2**40] + [1]))
-    return elements, read + elements * item, 0.0
-
-
-def _one_row(sig: Signature, shapes: Sequence) -> bool:
-    """Whether a matmul or linear call multiplies a single row (a matrix-vector product)."""
-    if sig.op in _MATMUL and len(shapes) >= 2:
-        return shapes[-2][0][-2] == 1
-    if sig.op == "aten.linear.default" and len(shapes) >= 2:
-        return math.prod(shapes[0][0][:-1]) == 1
-    return False
-
-
-def features(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float, float]:
-    """``(flops, bytes, tasks, gemv)`` of one call (see the module docstring): :func:`work` plus the bytes of a
-    one-row matmul."""
-    flops, nbytes, tasks = work(sig, values)
-    shapes, _ = sig.concrete(values)
-    return flops, nbytes, tasks, nbytes if _one_row(sig, shapes) else 0.0
+    return elements, read + elements * item, 0.0, 0.0
 
 
 def _features(fb: np.ndarray) -> np.ndarray:
