@@ -46,7 +46,7 @@ def main() -> None:
 
     from dooly.engines import get_engine
     from dooly.errors import DoolyError
-    from dooly.predictor import Predictor
+    from dooly.predictor import Predictor, ValidationRow, phase_mape
 
     rows = measured_rows(args.log.read_text())
     if not rows:
@@ -57,14 +57,14 @@ def main() -> None:
                                    shape=args.shape)  # fmt: skip
     except DoolyError as exc:
         sys.exit(str(exc))
-    errs: dict[str, list[float]] = {}
-    for phase, values, measured in rows:
-        x = pred.forward_latency(phase, values)
-        errs.setdefault(phase, []).append(100 * abs(x - measured) / measured)
-        shape = " ".join(f"{k}={v}" for k, v in values.items())
-        print(f"{phase:8s} {shape:24s} measured {measured * 1e3:9.1f} ms  predicted {x * 1e3:9.1f} ms  "
-              f"{100 * (x - measured) / measured:+6.1f}%")
-    print("MAPE " + "  ".join(f"{ph} {sum(e) / len(e):.1f}%" for ph, e in errs.items()))
+    scored = [ValidationRow(phase, values, measured, pred.forward_latency(phase, values))
+              for phase, values, measured in rows]  # fmt: skip
+    for r in scored:
+        shape = " ".join(f"{k}={v}" for k, v in r.values.items())
+        print(f"{r.phase:8s} {shape:24s} measured {r.measured_s * 1e3:9.1f} ms  "
+              f"predicted {r.predicted_s * 1e3:9.1f} ms  {100 * (r.predicted_s - r.measured_s) / r.measured_s:+6.1f}%")
+    phases = dict.fromkeys(r.phase for r in scored)
+    print("MAPE " + "  ".join(f"{ph} {phase_mape(scored, ph):.1f}%" for ph in phases))
 
 
 if __name__ == "__main__":
