@@ -159,7 +159,7 @@ class VLLMEngine(Engine):
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers import rotary_embedding
-        from vllm.model_executor.layers.attention import Attention
+        from vllm.model_executor.layers.attention import Attention, MLAAttention
         from vllm.model_executor.model_loader import get_model
 
         vc = self.vllm_config(config, num_layers=num_layers)
@@ -182,6 +182,10 @@ class VLLMEngine(Engine):
             # model may hold a layer under another module path)
             ctx = vc.compilation_config.static_forward_context
             layers = {n: m for n, m in ctx.items() if isinstance(m, Attention)}
+            if not layers and any(isinstance(m, MLAAttention) for m in ctx.values()):
+                raise DoolyError("engine vllm: multi-head latent attention (vLLM's MLAAttention) cannot be traced: "
+                                 "vLLM's MLA metadata builder reads each request's context length as a Python int, "
+                                 "which fixes the request count; trace it with --engine hf-eager")
             if not layers:
                 raise DoolyError("engine vllm: the model has no attention layer vLLM's KV cache could serve")
             by_spec: dict[Any, list[str]] = {}
