@@ -183,9 +183,11 @@ class VLLMEngine(Engine):
             ctx = vc.compilation_config.static_forward_context
             layers = {n: m for n, m in ctx.items() if isinstance(m, Attention)}
             if not layers and any(isinstance(m, MLAAttention) for m in ctx.values()):
-                raise DoolyError("engine vllm: multi-head latent attention (vLLM's MLAAttention) cannot be traced: "
-                                 "vLLM's MLA metadata builder reads each request's context length as a Python int, "
-                                 "which fixes the request count; trace it with --engine hf-eager")
+                raise DoolyError(
+                    "engine vllm: multi-head latent attention (vLLM's MLAAttention) cannot be traced: "
+                    "vLLM's MLA metadata builder reads each request's context length as a Python int, "
+                    "which fixes the request count; trace it with --engine hf-eager"
+                )
             if not layers:
                 raise DoolyError("engine vllm: the model has no attention layer vLLM's KV cache could serve")
             by_spec: dict[Any, list[str]] = {}
