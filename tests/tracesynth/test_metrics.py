@@ -53,6 +53,11 @@ def test_memorisation() -> None:
     tr = rng.integers(0, 50, 5000)
     assert metrics.copied_window_share(tr[1000:2000], tr, 32) == 1.0  # a copy of training data
     assert metrics.copied_window_share(rng.integers(0, 50, 1000), tr, 32) == 0.0
+    # within one trace: a repeated stretch is found elsewhere, a unique one is not, and the slice is not
+    # matched against itself
+    loop = np.tile(np.arange(3), 400)
+    assert metrics.copied_within(np.concatenate([loop, loop]), 1000, 200, 32) == 1.0
+    assert metrics.copied_within(tr, 1000, 1000, 32) == 0.0
     m = metrics.memorisation(trace(["a", "b", "c"] * 20), trace(["a", "b", "c"] * 30), window=8)
     assert m["copied_window_share"] == 1.0 and m["longest_shared_run"] == 60
 

@@ -195,6 +195,15 @@ def copied_window_share(synth: np.ndarray, train: np.ndarray, window: int = 128)
     return float(np.isin(gs, _gram_hashes(train, window)).mean())
 
 
+def copied_within(codes: np.ndarray, start: int, n: int, window: int = 128) -> float:
+    """Share of the `window`-event windows of codes[start:start+n] found verbatim in the rest of `codes` (windows
+    that do not overlap that slice): how often a workload repeats itself within one period. The reference for
+    a sample's `copied_window_share` against that period, where the held-out block may be another phase."""
+    rest = np.concatenate([_gram_hashes(codes[:start], window), _gram_hashes(codes[start + n :], window)])
+    gs = _gram_hashes(codes[start : start + n], window)
+    return float(np.isin(gs, rest).mean()) if len(gs) else float("nan")
+
+
 def memorisation(synth: Trace, train: Trace, window: int = 128) -> dict[str, float]:
     a, b, _ = _joint_codes(synth, train)
     return {"longest_shared_run": longest_shared_run(a, b), "copied_window_share": copied_window_share(a, b, window)}
