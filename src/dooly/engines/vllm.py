@@ -185,8 +185,8 @@ class VLLMEngine(Engine):
             if not layers and any(isinstance(m, MLAAttention) for m in ctx.values()):
                 raise DoolyError(
                     "engine vllm: multi-head latent attention (vLLM's MLAAttention) cannot be traced: "
-                    "vLLM's MLA metadata builder reads each request's context length as a Python int, "
-                    "which fixes the request count; trace it with --engine hf-eager"
+                    "vLLM's CPU MLA loops over the requests in Python (its metadata builder, its prefill "
+                    "attention), which fixes the request count; trace it with --engine hf-eager"
                 )
             if not layers:
                 raise DoolyError("engine vllm: the model has no attention layer vLLM's KV cache could serve")
