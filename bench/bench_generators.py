@@ -12,7 +12,7 @@ block. Every generator fits on the training block (the neural ones for the same 
   row: of the test block's first `--events` events, how often real data itself repeats a training window);
   the `real` row's copied128_inphase: of `--events` events from the middle of the training block, the share
   found elsewhere in that block (how often the workload repeats itself within the period a generator learns:
-  the test block may be another phase, compress's 0.8% against 90% within its training block);
+  the test block may be another phase, compress's 0.8% against 93% within its training block);
 - nxt_f1: next-event Macro-F1 on real test windows of a classifier trained on the sample alone
   (the `real` row: trained on the training block itself);
 - fit_s, steps, train ev/s: training wall time, optimisation steps reached (the machine may be shared:

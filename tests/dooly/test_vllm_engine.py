@@ -159,7 +159,7 @@ def test_layers_are_bound_by_vllm_layer_names(engine) -> None:  # type: ignore[n
 
 
 def test_a_latent_attention_model_is_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
-    # DeepSeek-style MLA builds in vLLM, but its metadata builder loops over the requests in Python
+    # DeepSeek-style MLA builds in vLLM, but its CPU MLA loops over the requests in Python
     cfg = {"model_type": "deepseek_v3", "vocab_size": 128, "hidden_size": 128, "intermediate_size": 96,
            "num_hidden_layers": 1, "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
            "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32,
