@@ -13,12 +13,12 @@ import numpy as np
 
 from dooly.engines import get_engine
 from dooly.profiler import context_for
-from dooly.shape_model import ShapeModel, fit_kind, kind_of, signatures_of, work
+from dooly.shape_model import ShapeModel, features, fit_kind, kind_of, signatures_of
 from dooly.store import ProfileStore
 
 
 def rows_of(sig, pts):  # type: ignore[no-untyped-def]
-    return np.array([work(sig, {a: int(b) for a, b in p.items()}) for p, _ in pts]), np.array([t for _, t in pts])
+    return np.array([features(sig, {a: int(b) for a, b in p.items()}) for p, _ in pts]), np.array([t for _, t in pts])
 
 
 def main(db: str) -> None:
