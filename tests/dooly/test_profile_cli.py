@@ -208,7 +208,12 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     assert res.exit_code != 0 and "not both" in str(res.exception)
     res = runner.invoke(app, ["profile", str(b), "--db", str(db), "--grid", "tiny", "--no-calibrate", "--budget", "1"])
     assert res.exit_code == 0, res.output
-    assert "3 signatures left to the shape model" in " ".join(res.output.split())
+    text = " ".join(res.output.split())
+    assert "3 signatures left to the shape model" in text
+    # "skipped" counts tiny-b's own signatures found in the DB, not tiny-a's that tiny-b never runs
+    unique, skipped = map(int, re.search(r"(\d+) unique signatures; (\d+) skipped as already in the DB", text).groups())
+    assert skipped == reused and unique == reused + new, text
+    assert f"{reused} signatures already in the DB" in text
     res = runner.invoke(app, ["validate", str(b), "--db", str(db), "--repeats", "1", "--rounds", "1"])
     assert res.exit_code != 0 and "have no profile" in str(res.exception)
     res = runner.invoke(app, ["validate", str(b), "--db", str(db), "--repeats", "1", "--rounds", "1", "--shape",

@@ -96,7 +96,7 @@ def _print_savings(plan, store, predicted=()) -> None:  # type: ignore[no-untype
     out.print(t)
     out.print(f"profiling cost: {sv.describe()}")
     out.print(f"to profile now: {len(plan.jobs)} jobs, {plan.todo_points} points; "
-              f"{len(plan.known)} signatures already in the DB")  # fmt: skip
+              f"{len(plan.in_db)} signatures already in the DB")  # fmt: skip
 
 
 def _triage(plan, store, budget: int | None, budget_s: float | None = None):  # type: ignore[no-untyped-def]
@@ -209,13 +209,13 @@ def profile_cmd(
             predicted = _triage(plan, store, budget, budget_s)
             plan = plan.without(predicted)
         total_sigs = len(plan.grid_size)
-        err.print(f"{total_sigs} unique signatures; {len(plan.known)} skipped as already in the DB; "
+        err.print(f"{total_sigs} unique signatures; {len(plan.in_db)} skipped as already in the DB; "
                   f"{len(plan.jobs)} jobs, {plan.todo_points} points to time")  # fmt: skip
         with Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err,
         ) as bar:  # fmt: skip
-            task = bar.add_task(f"profiling ({len(plan.known)} known, skipped)", total=plan.todo_points)
+            task = bar.add_task(f"profiling ({len(plan.in_db)} known, skipped)", total=plan.todo_points)
             stats = run_plan(
                 plan, store, engine, threads=threads, ray_address=ray_address,
                 on_job=lambda job, _s: bar.advance(task, len(job.items)),

@@ -128,6 +128,11 @@ class Plan:
     grid_size: dict[str, int]  # sig key -> planned points
 
     @property
+    def in_db(self) -> set[str]:
+        """This plan's signatures already complete in the DB (``known`` also holds other models')."""
+        return self.known & self.grid_size.keys()
+
+    @property
     def todo_points(self) -> int:
         return sum(len(j.items) for j in self.jobs)
 
