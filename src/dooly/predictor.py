@@ -398,8 +398,9 @@ class Predictor:
             if strict and holdout:
                 n = sum(1 for k in _signature_keys(traces) if not pts_model.get(k))
                 if n:  # profiling the model again would not help: its own points are what is held out
-                    raise DoolyError(f"{db_path}: {n} signatures of {name} are of operator kinds no other model in "
-                                     "the DB measured, so they cannot be predicted from shape alone")  # fmt: skip
+                    raise DoolyError(f"{db_path}: {n} signatures of {name} are of operator kinds no shape model "
+                                     "covers (the DB's other models measured too few signatures of them), so they "
+                                     "cannot be predicted from shape alone")  # fmt: skip
             if strict:
                 _require_complete(traces, pts_model, complete, name, model, db_path, ctx.hardware)
             if method == "auto":
