@@ -1,13 +1,17 @@
-"""Leave-one-signature-out error of the shape model's attention kinds on a profile DB, per signature.
+"""Leave-one-signature-out error of the shape model's kinds of one operator on a profile DB, per signature.
 
-    .venv/bin/python bench/bench_shape_kinds.py /tmp/budget70/bench.db
+    .venv/bin/python bench/bench_shape_kinds.py /tmp/budget70/bench.db                   # attention
+    .venv/bin/python bench/bench_shape_kinds.py /tmp/budget70/bench.db --op aten.mm.default
+
+A roofline kind also prints its fitted coefficients: the per-call constant and the seconds per byte moved (as a
+bandwidth), which say how it extrapolates to matrices larger than those it was fitted on.
 
 Run it with another checkout's ``src`` first on PYTHONPATH to compare shape features on the same points.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import numpy as np
 
@@ -21,7 +25,7 @@ def rows_of(sig, pts):  # type: ignore[no-untyped-def]
     return np.array([features(sig, {a: int(b) for a, b in p.items()}) for p, _ in pts]), np.array([t for _, t in pts])
 
 
-def main(db: str) -> None:
+def main(db: str, op: str) -> None:
     with ProfileStore(db, readonly=True) as st:
         ctx = context_for(get_engine(), 1)
         complete = st.complete_keys(ctx)
@@ -29,9 +33,16 @@ def main(db: str) -> None:
         sigs = signatures_of(st, ctx, pts)
     model = ShapeModel.fit(sigs, pts)
     for kind, km in sorted(model.kinds.items(), key=lambda kv: -kv[1].n_signatures):
-        if "scaled_dot" not in kind:
+        if op not in kind:
             continue
         print(f"{km.n_signatures:3d} sigs {km.n_points:4d} pts loso {km.loso_mape:6.1f}% ({km.fit.form}) {kind[:140]}")
+        if km.fit.form == "roofline":  # coefficients of [1, flops, bytes, tasks, gemv bytes]
+            c = km.fit.coef
+            gbs = f"{1e-9 / c[2]:.1f} GB/s" if c[2] > 0 else "no byte term"
+            print(
+                f"     constant {1e6 * c[0]:.1f} us, {1e12 * c[2]:.1f} ps per byte ({gbs}), one-row bytes "
+                f"+{1e12 * c[4]:.1f} ps"
+            )
         keys = [k for k in pts if kind_of(sigs[k]) == kind]
         for k in keys:
             fit = fit_kind(kind, {j: rows_of(sigs[j], pts[j]) for j in keys if j != k})
@@ -44,4 +55,8 @@ def main(db: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("db", help="a profile DB (`dooly profile ... --db`)")
+    ap.add_argument("--op", default="scaled_dot", help="kinds whose key contains this (default: attention)")
+    args = ap.parse_args()
+    main(args.db, args.op)
