@@ -17,12 +17,8 @@ import numpy as np
 
 from dooly.engines import get_engine
 from dooly.profiler import context_for
-from dooly.shape_model import ShapeModel, features, fit_kind, kind_of, signatures_of
+from dooly.shape_model import ShapeModel, fit_kind, kind_of, signature_rows, signatures_of
 from dooly.store import ProfileStore
-
-
-def rows_of(sig, pts):  # type: ignore[no-untyped-def]
-    return np.array([features(sig, {a: int(b) for a, b in p.items()}) for p, _ in pts]), np.array([t for _, t in pts])
 
 
 def main(db: str, op: str) -> None:
@@ -45,10 +41,10 @@ def main(db: str, op: str) -> None:
             )
         keys = [k for k in pts if kind_of(sigs[k]) == kind]
         for k in keys:
-            fit = fit_kind(kind, {j: rows_of(sigs[j], pts[j]) for j in keys if j != k})
+            fit = fit_kind(kind, {j: signature_rows(sigs[j], pts[j]) for j in keys if j != k})
             if fit is None:
                 continue
-            fb, t = rows_of(sigs[k], pts[k])
+            fb, t = signature_rows(sigs[k], pts[k])
             e = fit.predict(fb) / t - 1
             shapes = [x.shape for x in sigs[k].inputs][:2]
             print(f"     {shapes} MAPE {100 * np.mean(np.abs(e)):.1f}% bias {100 * np.mean(e):+.1f}%")

@@ -125,6 +125,12 @@ def features(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, f
     return elements, read + elements * item, 0.0, 0.0
 
 
+def signature_rows(sig: Signature, pts: Sequence[tuple[Mapping[str, float], float]]) -> tuple[np.ndarray, np.ndarray]:
+    """A signature's profiled points as a kind's fit takes them: work rows (`features`) and seconds."""
+    fb = np.array([features(sig, {s: int(v) for s, v in p.items()}) for p, _ in pts])
+    return fb, np.maximum(np.array([lat for _, lat in pts], dtype=np.float64), 1e-9)
+
+
 def _features(fb: np.ndarray) -> np.ndarray:
     """Log-space design of work rows: ``[1, log(1 + flops), log(1 + bytes), ...]``."""
     return np.column_stack([np.ones(len(fb)), np.log1p(fb)])
@@ -253,8 +259,7 @@ class ShapeModel:
             sig = signatures.get(key)
             if sig is None or key in exclude or not pts:
                 continue
-            fb = np.array([features(sig, {s: int(v) for s, v in p.items()}) for p, _ in pts])
-            t = np.maximum(np.array([lat for _, lat in pts], dtype=np.float64), 1e-9)
+            fb, t = signature_rows(sig, pts)
             fine.setdefault(kind_of(sig), {})[key] = (fb, t)
             coarse.setdefault(coarse_kind_of(sig), {})[key] = (fb, t)
             parent[kind_of(sig)] = coarse_kind_of(sig)

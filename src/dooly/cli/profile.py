@@ -114,7 +114,7 @@ def _triage(plan, store, budget: int | None, budget_s: float | None = None):  # 
     measure = tr.least_certain(budget) if budget_s is None else tr.within_seconds(budget_s)
     predicted = set(tr.covered) - set(measure)
     new = len(tr.covered) + len(tr.uncovered)
-    shared = sum(1 for k in plan.grid_size if k not in plan.known) - new
+    shared = len(plan.grid_size) - len(plan.in_db) - new
     unc = sorted(tr.rel_uncertainty.values())
     med = f" (median interval ±{100 * float(np.median(unc)):.0f}%)" if unc else ""
     out.print(f"signatures: {len(plan.grid_size)} unique over the list; {len(tr.reused)} reused exactly from "
@@ -208,14 +208,14 @@ def profile_cmd(
         if budget is not None or budget_s is not None:
             predicted = _triage(plan, store, budget, budget_s)
             plan = plan.without(predicted)
-        total_sigs = len(plan.grid_size)
-        err.print(f"{total_sigs} unique signatures; {len(plan.in_db)} skipped as already in the DB; "
+        total_sigs, in_db = len(plan.grid_size), len(plan.in_db)
+        err.print(f"{total_sigs} unique signatures; {in_db} skipped as already in the DB; "
                   f"{len(plan.jobs)} jobs, {plan.todo_points} points to time")  # fmt: skip
         with Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err,
         ) as bar:  # fmt: skip
-            task = bar.add_task(f"profiling ({len(plan.in_db)} known, skipped)", total=plan.todo_points)
+            task = bar.add_task(f"profiling ({in_db} known, skipped)", total=plan.todo_points)
             stats = run_plan(
                 plan, store, engine, threads=threads, ray_address=ray_address,
                 on_job=lambda job, _s: bar.advance(task, len(job.items)),
