@@ -211,7 +211,7 @@ def main() -> None:
         t0 = time.perf_counter()
         plan = make_plan(args.models, store, engine, threads=args.threads, progress=print)
         print(f"traced/planned in {time.perf_counter() - t0:.1f} s: {len(plan.grid_size)} unique signatures, "
-              f"{len(plan.known)} already in the DB, {plan.todo_points} points to time")  # fmt: skip
+              f"{len(plan.in_db)} already in the DB, {plan.todo_points} points to time")  # fmt: skip
         stats = run_plan(plan, store, engine, threads=args.threads)
         print(f"profiled: {stats}")
         calib = 0.0
