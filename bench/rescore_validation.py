@@ -61,10 +61,13 @@ def main() -> None:
               for phase, values, measured in rows]  # fmt: skip
     for r in scored:
         shape = " ".join(f"{k}={v}" for k, v in r.values.items())
-        share, unc = pred.shape_share(r.phase, r.values)  # as `dooly validate`'s "from shape % (±)" column
+        from_shape = ""
+        if args.shape:  # as `dooly validate`'s "from shape % (±)" column
+            share, unc = pred.shape_share(r.phase, r.values)
+            from_shape = f"  from shape {100 * share:.0f}% (±{100 * unc:.0f}%)"
         print(f"{r.phase:8s} {shape:24s} measured {r.measured_s * 1e3:9.1f} ms  "
               f"predicted {r.predicted_s * 1e3:9.1f} ms  {100 * (r.predicted_s - r.measured_s) / r.measured_s:+6.1f}%"
-              + (f"  from shape {100 * share:.0f}% (±{100 * unc:.0f}%)" if args.shape else ""))
+              + from_shape)
     phases = dict.fromkeys(r.phase for r in scored)
     print("MAPE " + "  ".join(f"{ph} {phase_mape(scored, ph):.1f}%" for ph in phases))
 
