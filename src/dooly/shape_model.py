@@ -28,12 +28,16 @@ error is kept per kind:
 log error when each signature is predicted by a fit that never saw it), widened for a signature whose
 shapes lie outside the fitted ones by the leverage of its points in log-feature space: a prediction
 interval ``exp(± sigma · sqrt(1 + h))``. A kind with fewer than :data:`MIN_SIGNATURES` signatures has no
-model; the signature then falls back to its coarse kind (engine, overload, dtypes), and with no model
+model; the signature then falls back to its coarse kind (engine, overload, dtypes), then, for an elementwise
+operator (PyTorch tags the overload ``pointwise``: ``tanh``, ``pow``, ``add``, ``masked_fill``...), to the
+pointwise family of its input dtypes, every such overload pooled (they stream their elements through memory at
+about one rate, and the family's leave-one-signature-out spread says how far apart they are); with no model
 there either it must be profiled.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -77,6 +81,23 @@ def coarse_kind_of(sig: Signature) -> str:
     """The fallback when a kind has too few signatures: engine, overload and input dtypes only (a causal and a
     plain attention, or a 3-d and a 4-d add, then share one model; its wider error says so)."""
     return f"{sig.engine}|{sig.op}|{','.join(t.dtype for t in sig.inputs)}"
+
+
+def family_kind_of(sig: Signature) -> str | None:
+    """The last fallback of an elementwise operator: engine, "pointwise" and input dtypes (None for any other)."""
+    return f"{sig.engine}|pointwise|{','.join(t.dtype for t in sig.inputs)}" if _pointwise(sig.op) else None
+
+
+@functools.cache
+def _pointwise(op: str) -> bool:
+    """Whether PyTorch tags the overload named ``op`` ("aten.tanh.default") as pointwise."""
+    import torch
+
+    try:
+        ns, name, overload = op.split(".")
+        return torch.Tag.pointwise in getattr(getattr(getattr(torch.ops, ns), name), overload).tags
+    except (ValueError, AttributeError, RuntimeError):
+        return False
 
 
 def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float]:
@@ -254,6 +275,7 @@ class ShapeModel:
     ) -> ShapeModel:
         fine: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         coarse: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        family: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         parent: dict[str, str] = {}
         for key, pts in points.items():
             sig = signatures.get(key)
@@ -263,7 +285,9 @@ class ShapeModel:
             fine.setdefault(kind_of(sig), {})[key] = (fb, t)
             coarse.setdefault(coarse_kind_of(sig), {})[key] = (fb, t)
             parent[kind_of(sig)] = coarse_kind_of(sig)
-        kinds = {k: m for k, rows in coarse.items() if (m := fit_kind(k, rows)) is not None}
+            if (fam := family_kind_of(sig)) is not None:
+                family.setdefault(fam, {})[key] = (fb, t)
+        kinds = {k: m for k, rows in (*coarse.items(), *family.items()) if (m := fit_kind(k, rows)) is not None}
         for k, rows in fine.items():
             m = fit_kind(k, rows, kinds.get(parent[k]))
             if m is not None:
@@ -271,8 +295,11 @@ class ShapeModel:
         return cls(kinds)
 
     def model_for(self, sig: Signature) -> KindModel | None:
-        """The model of the signature's kind, else of its coarse kind (None: neither has enough signatures)."""
-        return self.kinds.get(kind_of(sig)) or self.kinds.get(coarse_kind_of(sig))
+        """The model of the signature's kind, else of its coarse kind, else of its pointwise family (None: none
+        has enough signatures)."""
+        found = self.kinds.get(kind_of(sig)) or self.kinds.get(coarse_kind_of(sig))
+        fam = family_kind_of(sig)
+        return found or (self.kinds.get(fam) if fam else None)
 
     def covers(self, sig: Signature) -> bool:
         return self.model_for(sig) is not None

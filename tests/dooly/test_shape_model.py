@@ -152,3 +152,23 @@ def test_attention_reads_keys_and_values_once_per_query_head() -> None:
     assert flops == 4 * 3 * 10 * 1 * 100 * 64 and tasks == 30
     assert moved == 2 * 3 * 10 * (2 * 1 + 2 * 100) * 64  # bf16: q, out, and K, V per query head
     assert work(decode(10, 10), at) == (flops, moved, tasks)  # fewer KV heads store less, read as much
+
+
+def unary(op: str, width: int) -> Signature:
+    return Signature(op, (TensorSpec(("tokens", width), "bfloat16"),), '{"args":[{"tensor":0}],"kwargs":{}}',
+                     "hf-eager/cpu")  # fmt: skip
+
+
+def test_an_elementwise_op_never_profiled_falls_back_to_its_pointwise_family() -> None:
+    # silu and neg profiled, tanh never: PyTorch tags all three pointwise, so tanh takes the family's law (bytes
+    # streamed); a softmax (not pointwise) and a pointwise op of another dtype stay uncovered
+    train = [silu(64), silu(256), unary("aten.neg.default", 128), unary("aten.neg.default", 512)]
+    model = ShapeModel.fit({s.key: s for s in train}, points(train, roofline))
+    tanh = unary("aten.tanh.default", 1000)
+    assert not model.kinds.get(kind_of(tanh)) and not model.kinds.get(coarse_kind_of(tanh))
+    assert model.covers(tanh)
+    assert model.predict(tanh, [{"tokens": 9}]).seconds[0] == pytest.approx(roofline(tanh, 9), rel=0.05)
+    assert not model.covers(unary("aten._softmax.default", 1000))
+    other_dtype = Signature("aten.tanh.default", (TensorSpec(("tokens", 8), "float32"),),
+                            '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")  # fmt: skip
+    assert not model.covers(other_dtype)
