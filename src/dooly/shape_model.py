@@ -206,7 +206,10 @@ class KindModel:
 
 
 def fit_kind(
-    kind: str, rows: Mapping[str, tuple[np.ndarray, np.ndarray]], fallback: KindModel | None = None
+    kind: str,
+    rows: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    fallback: KindModel | None = None,
+    forms: tuple[str, ...] = ("roofline", "loglog"),
 ) -> KindModel | None:
     """Fit one kind from ``{signature key: (work rows, seconds)}``; None below MIN_SIGNATURES.
 
@@ -223,7 +226,7 @@ def fit_kind(
     best: tuple[float, str, list[float]] | None = None
     # the log-log form has three free coefficients: from one signature's points (whose flops and bytes move
     # together) it is underdetermined, so with two signatures only the roofline form is tried
-    for form in ("roofline", "loglog") if len(keys) > 2 else ("roofline",):
+    for form in forms if len(keys) > 2 else ("roofline",):
         errs: list[float] = []
         for k in keys:
             train = [rows[j] for j in keys if j != k]
@@ -287,7 +290,10 @@ class ShapeModel:
             parent[kind_of(sig)] = coarse_kind_of(sig)
             if (fam := family_kind_of(sig)) is not None:
                 family.setdefault(fam, {})[key] = (fb, t)
-        kinds = {k: m for k, rows in (*coarse.items(), *family.items()) if (m := fit_kind(k, rows)) is not None}
+        kinds = {k: m for k, rows in coarse.items() if (m := fit_kind(k, rows)) is not None}
+        # a family pools overloads whose bytes per element differ: the log-log form's free exponents on two collinear
+        # measures extrapolate without bound there (a sigmoid priced at 1e78 s), the roofline's rates cannot
+        kinds.update({k: m for k, rows in family.items() if (m := fit_kind(k, rows, forms=("roofline",))) is not None})
         for k, rows in fine.items():
             m = fit_kind(k, rows, kinds.get(parent[k]))
             if m is not None:

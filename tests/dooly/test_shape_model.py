@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dooly.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, features, kind_of, work
+from dooly.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, family_kind_of, features, kind_of, work
 from dooly.signature import Signature, TensorSpec
 
 MM_ARGS = '{"args":[{"tensor":0},{"tensor":1}],"kwargs":{}}'
@@ -172,3 +172,16 @@ def test_an_elementwise_op_never_profiled_falls_back_to_its_pointwise_family() -
     other_dtype = Signature("aten.tanh.default", (TensorSpec(("tokens", 8), "float32"),),
                             '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")  # fmt: skip
     assert not model.covers(other_dtype)
+
+
+def test_a_pointwise_family_is_fitted_in_the_roofline_form_only() -> None:
+    # overloads pooled in a family move different bytes per element: the log-log form's free exponents extrapolate
+    # without bound there, so a family keeps the roofline even where log-log fits one overload better
+    def power(sig: Signature, tokens: int) -> float:
+        return 1e-6 * work(sig, {"tokens": tokens})[0] ** 0.6
+
+    train = [silu(64), silu(256), silu(1024), unary("aten.neg.default", 128), unary("aten.neg.default", 512),
+             unary("aten.neg.default", 2048)]  # fmt: skip
+    model = ShapeModel.fit({s.key: s for s in train}, points(train, power))
+    assert model.kinds[coarse_kind_of(silu(64))].fit.form == "loglog"
+    assert model.kinds[family_kind_of(silu(64))].fit.form == "roofline"
