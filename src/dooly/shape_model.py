@@ -292,7 +292,7 @@ class ShapeModel:
                 family.setdefault(fam, {})[key] = (fb, t)
         kinds = {k: m for k, rows in coarse.items() if (m := fit_kind(k, rows)) is not None}
         # a family pools overloads whose bytes per element differ: the log-log form's free exponents on two collinear
-        # measures extrapolate without bound there (a sigmoid priced at 1e78 s), the roofline's rates cannot
+        # measures extrapolate without bound there (a sigmoid priced at 6e78 s), the roofline's rates cannot
         kinds.update({k: m for k, rows in family.items() if (m := fit_kind(k, rows, forms=("roofline",))) is not None})
         for k, rows in fine.items():
             m = fit_kind(k, rows, kinds.get(parent[k]))

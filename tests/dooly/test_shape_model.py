@@ -19,9 +19,12 @@ def mm(k: int, n: int, dtype: str = "bfloat16") -> Signature:
                      "hf-eager/cpu")  # fmt: skip
 
 
+def unary(op: str, width: int, dtype: str = "bfloat16") -> Signature:
+    return Signature(op, (TensorSpec(("tokens", width), dtype),), '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")
+
+
 def silu(width: int) -> Signature:
-    return Signature("aten.silu.default", (TensorSpec(("tokens", width), "bfloat16"),),
-                     '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")  # fmt: skip
+    return unary("aten.silu.default", width)
 
 
 def roofline(sig: Signature, tokens: int) -> float:
@@ -154,11 +157,6 @@ def test_attention_reads_keys_and_values_once_per_query_head() -> None:
     assert work(decode(10, 10), at) == (flops, moved, tasks)  # fewer KV heads store less, read as much
 
 
-def unary(op: str, width: int) -> Signature:
-    return Signature(op, (TensorSpec(("tokens", width), "bfloat16"),), '{"args":[{"tensor":0}],"kwargs":{}}',
-                     "hf-eager/cpu")  # fmt: skip
-
-
 def test_an_elementwise_op_never_profiled_falls_back_to_its_pointwise_family() -> None:
     # silu and neg profiled, tanh never: PyTorch tags all three pointwise, so tanh takes the family's law (bytes
     # streamed); a softmax (not pointwise) and a pointwise op of another dtype stay uncovered
@@ -169,9 +167,7 @@ def test_an_elementwise_op_never_profiled_falls_back_to_its_pointwise_family() -
     assert model.covers(tanh)
     assert model.predict(tanh, [{"tokens": 9}]).seconds[0] == pytest.approx(roofline(tanh, 9), rel=0.05)
     assert not model.covers(unary("aten._softmax.default", 1000))
-    other_dtype = Signature("aten.tanh.default", (TensorSpec(("tokens", 8), "float32"),),
-                            '{"args":[{"tensor":0}],"kwargs":{}}', "hf-eager/cpu")  # fmt: skip
-    assert not model.covers(other_dtype)
+    assert not model.covers(unary("aten.tanh.default", 8, "float32"))
 
 
 def test_a_pointwise_family_is_fitted_in_the_roofline_form_only() -> None:
