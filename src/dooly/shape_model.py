@@ -1,8 +1,8 @@
 """Shape-generic operator models: the latency of a signature never profiled, from its shapes alone.
 
 Every point in the profile DB is one operator at one concrete shape. Per operator **kind** (engine, aten
-overload, input dtypes and ranks, the non-numeric arguments such as a causal flag) the points of all
-signatures of that kind are pooled and one small model is fitted over shape-derived work measures:
+overload, input dtypes and ranks, a matmul's operand layouts, the non-numeric arguments such as a causal flag) the
+points of all signatures of that kind are pooled and one small model is fitted over shape-derived work measures:
 
 * ``flops``: ``2·M·N·K`` (times the batch) for a matmul or linear, ``4·B·H·L·S·D`` for attention, the element count
   for everything else;
@@ -74,13 +74,32 @@ def kind_of(sig: Signature) -> str:
 
     args = skeleton(json.loads(sig.args))
     ins = ",".join(f"{t.dtype}/{len(t.shape)}" for t in sig.inputs)
-    return f"{sig.engine}|{sig.op}|{ins}|{json.dumps(args, sort_keys=True)}"
+    return f"{sig.engine}|{sig.op}|{ins}{_layouts(sig)}|{json.dumps(args, sort_keys=True)}"
 
 
 def coarse_kind_of(sig: Signature) -> str:
     """The fallback when a kind has too few signatures: engine, overload and input dtypes only (a causal and a
-    plain attention, or a 3-d and a 4-d add, then share one model; its wider error says so)."""
-    return f"{sig.engine}|{sig.op}|{','.join(t.dtype for t in sig.inputs)}"
+    plain attention, or a 3-d and a 4-d add, then share one model; its wider error says so); a matmul keeps its
+    operands' layouts."""
+    return f"{sig.engine}|{sig.op}|{','.join(t.dtype for t in sig.inputs)}{_layouts(sig)}"
+
+
+def _layouts(sig: Signature) -> str:
+    """A matmul's two matrix operands' layouts, ``"/n,t"``: ``n`` rows contiguous (row-major, or a slice of rows),
+    ``t`` columns contiguous (a transposed view), ``s`` anything else; empty for any other op.
+
+    The CPU libraries pick their kernels by layout: GPT-2's Conv1D passes ``addmm`` its weight as stored, K x N,
+    where ``nn.Linear`` passes a transposed N x K view, and the same shapes then stream at about 7 GB/s against 11
+    (GPT-2 large's projections at three requests), which no law fitted on one layout can know."""
+    if sig.op not in _MATMUL or len(sig.inputs) < 2:
+        return ""
+
+    def layout(stride: tuple[object, ...] | None) -> str:
+        if stride is None or stride[-1] == 1:
+            return "n"
+        return "t" if len(stride) >= 2 and stride[-2] == 1 else "s"
+
+    return "/" + ",".join(layout(t.stride) for t in sig.inputs[-2:])
 
 
 def family_kind_of(sig: Signature) -> str | None:

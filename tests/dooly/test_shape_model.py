@@ -55,6 +55,22 @@ def test_kind_pools_sizes_but_not_dtypes_or_flags() -> None:
     assert kind_of(causal) != kind_of(plain)
 
 
+def test_a_matmul_kind_tells_a_transposed_weight_from_one_stored_as_used() -> None:
+    # nn.Linear reaches addmm/mm with its N x K weight transposed (strides (1, K)); GPT-2's Conv1D with a K x N weight
+    # as stored: the CPU kernels differ, so one layout's law must not price the other
+    def linear(k: int, n: int, x_stride: tuple[object, ...] | None = None) -> Signature:
+        x = TensorSpec(("tokens", k), "bfloat16", x_stride)
+        return Signature("aten.mm.default", (x, TensorSpec((k, n), "bfloat16", (1, k))), MM_ARGS, "hf-eager/cpu")
+
+    train = [linear(k, n) for k, n in ((64, 64), (64, 256), (256, 64))]
+    model = ShapeModel.fit({s.key: s for s in train}, points(train, roofline))
+    assert kind_of(linear(64, 32)) != kind_of(mm(64, 32))
+    assert coarse_kind_of(linear(64, 32)) != coarse_kind_of(mm(64, 32))
+    assert model.covers(linear(128, 128)) and not model.covers(mm(128, 128))
+    # the last token's rows sliced out of a prefill (row stride K x tokens) are still rows: same kind
+    assert kind_of(linear(64, 32, ("64*tokens", 1))) == kind_of(linear(64, 32))
+
+
 def test_a_roofline_law_is_recovered_for_a_signature_never_fitted() -> None:
     train = [mm(k, n) for k, n in ((64, 64), (64, 256), (256, 64), (128, 512), (512, 128), (256, 256))]
     sigs = {s.key: s for s in train}
