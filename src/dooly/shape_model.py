@@ -28,11 +28,10 @@ error is kept per kind:
 log error when each signature is predicted by a fit that never saw it), widened for a signature whose
 shapes lie outside the fitted ones by the leverage of its points in log-feature space: a prediction
 interval ``exp(± sigma · sqrt(1 + h))``. A kind with fewer than :data:`MIN_SIGNATURES` signatures has no
-model; the signature then falls back to its coarse kind (engine, overload, dtypes), then, for an elementwise
-operator (PyTorch tags the overload ``pointwise``: ``tanh``, ``pow``, ``add``, ``masked_fill``...), to the
-pointwise family of its input dtypes, every such overload pooled (they stream their elements through memory at
-about one rate, and the family's leave-one-signature-out spread says how far apart they are); with no model
-there either it must be profiled.
+model; the signature then falls back to its coarse kind (engine, overload, dtypes), then to a family of
+overloads that cost alike whatever their name (:func:`family_kinds_of`: views, factories, and elementwise operators
+by dtypes, then of any dtype), pooled and fitted in the roofline form only; the family's leave-one-signature-out
+spread says how far apart its members are. With no model there either it must be profiled.
 """
 
 from __future__ import annotations
@@ -102,21 +101,44 @@ def _layouts(sig: Signature) -> str:
     return "/" + ",".join(layout(t.stride) for t in sig.inputs[-2:])
 
 
-def family_kind_of(sig: Signature) -> str | None:
-    """The last fallback of an elementwise operator: engine, "pointwise" and input dtypes (None for any other)."""
-    return f"{sig.engine}|pointwise|{','.join(t.dtype for t in sig.inputs)}" if _pointwise(sig.op) else None
+def family_kinds_of(sig: Signature) -> tuple[str, ...]:
+    """The last fallbacks, in order, of an operator whose own and coarse kinds have no model: families of
+    overloads that cost alike whatever their name.
+
+    * a **view** (PyTorch's schema says the result aliases an input: ``permute``, ``unsqueeze``, ``t``...) moves no
+      data, a dispatch cost of a microsecond or two: ``engine|view``;
+    * a **factory** (no tensor input: ``arange``, ``full``) writes the elements its arguments size:
+      ``engine|factory``;
+    * an elementwise operator (PyTorch tags the overload ``pointwise``) streams its elements through memory:
+      first the family of its input dtypes, ``engine|pointwise|bfloat16,bool``, then every dtype pooled,
+      ``engine|pointwise|*`` (the bytes measure already weighs each dtype's size).
+    Any other operator has none."""
+    kind = _op_family(sig.op)
+    if kind == "view":
+        return (f"{sig.engine}|view",)
+    if not sig.inputs:
+        return (f"{sig.engine}|factory",)
+    if kind == "pointwise":
+        return (f"{sig.engine}|pointwise|{','.join(t.dtype for t in sig.inputs)}", f"{sig.engine}|pointwise|*")
+    return ()
 
 
 @functools.cache
-def _pointwise(op: str) -> bool:
-    """Whether PyTorch tags the overload named ``op`` ("aten.tanh.default") as pointwise."""
+def _op_family(op: str) -> str | None:
+    """The family of the overload named ``op`` ("aten.tanh.default") by its schema and PyTorch's tags: "view",
+    "pointwise", or None for any other (or an overload torch does not know)."""
     import torch
 
     try:
         ns, name, overload = op.split(".")
-        return torch.Tag.pointwise in getattr(getattr(getattr(torch.ops, ns), name), overload).tags
+        packet = getattr(getattr(getattr(torch.ops, ns), name), overload)
     except (ValueError, AttributeError, RuntimeError):
-        return False
+        return None
+    returns = packet._schema.returns
+    alias = returns[0].alias_info if returns else None
+    if alias is not None and not alias.is_write:
+        return "view"
+    return "pointwise" if torch.Tag.pointwise in packet.tags else None
 
 
 def work(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, float]:
@@ -307,7 +329,7 @@ class ShapeModel:
             fine.setdefault(kind_of(sig), {})[key] = (fb, t)
             coarse.setdefault(coarse_kind_of(sig), {})[key] = (fb, t)
             parent[kind_of(sig)] = coarse_kind_of(sig)
-            if (fam := family_kind_of(sig)) is not None:
+            for fam in family_kinds_of(sig):
                 family.setdefault(fam, {})[key] = (fb, t)
         kinds = {k: m for k, rows in coarse.items() if (m := fit_kind(k, rows)) is not None}
         # a family pools overloads whose bytes per element differ: the log-log form's free exponents on two collinear
@@ -320,11 +342,12 @@ class ShapeModel:
         return cls(kinds)
 
     def model_for(self, sig: Signature) -> KindModel | None:
-        """The model of the signature's kind, else of its coarse kind, else of its pointwise family (None: none
-        has enough signatures)."""
-        found = self.kinds.get(kind_of(sig)) or self.kinds.get(coarse_kind_of(sig))
-        fam = family_kind_of(sig)
-        return found or (self.kinds.get(fam) if fam else None)
+        """The model of the signature's kind, else of its coarse kind, else of its first family that has one (None:
+        none has enough signatures)."""
+        for kind in (kind_of(sig), coarse_kind_of(sig), *family_kinds_of(sig)):
+            if (found := self.kinds.get(kind)) is not None:
+                return found
+        return None
 
     def covers(self, sig: Signature) -> bool:
         return self.model_for(sig) is not None
