@@ -5,10 +5,10 @@ overload, input dtypes and ranks, a matmul's operand layouts, the non-numeric ar
 points of all signatures of that kind are pooled and one small model is fitted over shape-derived work measures:
 
 * ``flops``: ``2·M·N·K`` (times the batch) for a matmul or linear, ``4·B·H·L·S·D`` for attention, the element count
-  for everything else;
-* ``bytes``: what the call reads and writes (inputs, plus the output as large as the largest input, or a
-  matmul's ``M·N``; attention reads the keys and values once per query head, ``B·H·(2·L + 2·S)·D``, however
-  few KV heads store them);
+  for everything else (an elementwise op's: its inputs' broadcast shape);
+* ``bytes``: what the call reads and writes (inputs, plus the output as large as the largest input or an elementwise
+  op's broadcast shape, or a matmul's ``M·N``; attention reads the keys and values once per query head,
+  ``B·H·(2·L + 2·S)·D``, however few KV heads store them);
 * ``tasks``: attention's batch x heads (its kernels split the work per sequence and head, each with a fixed
   cost); zero for every other op;
 * ``gemv``: the bytes of a matmul or linear whose left operand has one row (a decode step of one request), zero
@@ -184,6 +184,13 @@ def features(sig: Signature, values: Mapping[str, int]) -> tuple[float, float, f
 
     grab(args.get("args", []) if isinstance(args, dict) else [])
     elements = float(max(numels + [abs(v) for v in sym_ints if abs(v) < 2**40] + [1]))
+    if len(shapes) >= 2 and _op_family(sig.op) == "pointwise":
+        # an elementwise op writes its inputs' broadcast shape, which can outgrow every input: a (B, H, 1, L) bias
+        # masked by a (B, 1, L, L) mask fills (B, H, L, L)
+        try:
+            elements = max(elements, float(math.prod(np.broadcast_shapes(*(tuple(s) for s, _ in shapes)))))
+        except ValueError:
+            pass
     return elements, read + elements * item, 0.0, 0.0
 
 

@@ -56,6 +56,17 @@ def test_kind_pools_sizes_but_not_dtypes_or_flags() -> None:
     assert kind_of(causal) != kind_of(plain)
 
 
+def test_an_elementwise_op_counts_its_broadcast_output() -> None:
+    # ALiBi's per-head bias (B, H, 1, L) masked by a causal (B, 1, L, L) mask writes (B, H, L, L), more than either
+    bias = TensorSpec(("requests", 32, 1, "tokens"), "bfloat16")
+    mask = TensorSpec(("requests", 1, "tokens", "tokens"), "bool")
+    fill = Signature("aten.masked_fill.Scalar", (bias, mask), '{"args":[{"tensor":0},{"tensor":1},0.0],"kwargs":{}}',
+                     "hf-eager/cpu")  # fmt: skip
+    elements, moved, _ = work(fill, {"requests": 2, "tokens": 100})
+    assert elements == 2 * 32 * 100 * 100
+    assert moved == 2 * 32 * 100 * 2 + 2 * 100 * 100 + elements * 2
+
+
 def test_a_matmul_kind_tells_a_transposed_weight_from_one_stored_as_used() -> None:
     # nn.Linear reaches addmm/mm with its N x K weight transposed (strides (1, K)); GPT-2's Conv1D with a K x N weight
     # as stored: the CPU kernels differ, so one layout's law must not price the other
