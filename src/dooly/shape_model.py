@@ -56,8 +56,9 @@ _ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4,
 
 
 def kind_of(sig: Signature) -> str:
-    """What must match for two signatures to share a shape model: engine, overload, input dtypes and ranks,
-    and the arguments that are not numbers (flags, dtypes), with every number replaced by ``#``."""
+    """What must match for two signatures to share a shape model: engine, overload, input dtypes and ranks, a
+    matmul's operand layouts, and the arguments that are not numbers (flags, dtypes), with every number replaced by
+    ``#``."""
 
     def skeleton(x: object) -> object:
         if isinstance(x, list):
