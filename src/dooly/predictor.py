@@ -398,6 +398,11 @@ class Predictor:
             if strict and holdout:
                 n = sum(1 for k in _signature_keys(traces) if not pts_model.get(k))
                 if n:  # profiling the model again would not help: its own points are what is held out
+                    from dooly.profiler.savings import profiled_models
+
+                    if not any(m.name != name for m in profiled_models(store, ctx)):
+                        raise DoolyError(f"{db_path}: it holds no profiled model but {name}, so nothing to predict "
+                                         "it from with zero new points (profile other models into it)")  # fmt: skip
                     raise DoolyError(f"{db_path}: {n} signatures of {name} are of operator kinds no shape model "
                                      "covers (the DB's other models measured too few signatures of them), so they "
                                      "cannot be predicted from shape alone")  # fmt: skip

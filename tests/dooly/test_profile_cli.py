@@ -183,8 +183,8 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     # tiny-a alone in the DB has no zero-new-points figure, and the reason is not "run `dooly profile`": it was
-    # just profiled, and its own points are what is held out
-    assert "no zero new points figure" in text and "no shape model covers" in text, text
+    # just profiled, and there is no other model to predict it from
+    assert "no zero new points figure" in text and "holds no profiled model but tiny-a" in text, text
     res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget", "1"])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
