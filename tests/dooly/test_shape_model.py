@@ -208,13 +208,10 @@ def test_views_and_factories_never_profiled_take_their_familys_cost() -> None:
     def args(*a: object) -> str:
         return json.dumps({"args": list(a), "kwargs": {}})
 
-    def view(op: str, width: int) -> Signature:
-        return Signature(op, (TensorSpec(("tokens", width), "bfloat16"),), args({"tensor": 0}), "hf-eager/cpu")
-
     def arange(op: str, *a: object) -> Signature:
         return Signature(op, (), args(*a), "hf-eager/cpu")
 
-    views = [view("aten.t.default", 64), view("aten.t.default", 4096), view("aten.unsqueeze.default", 512)]
+    views = [unary("aten.t.default", 64), unary("aten.t.default", 4096), unary("aten.unsqueeze.default", 512)]
     factories = [arange("aten.arange.default", {"sym": "tokens"}), arange("aten.arange.default", {"sym": "4*tokens"})]
     train = views + factories
 
@@ -222,7 +219,7 @@ def test_views_and_factories_never_profiled_take_their_familys_cost() -> None:
         return 2e-6 if sig in views else 4e-6 + work(sig, {"tokens": tokens})[0] * 1e-9
 
     model = ShapeModel.fit({s.key: s for s in train}, points(train, law, noise=0.02))
-    permute = view("aten.permute.default", 2048)
+    permute = unary("aten.permute.default", 2048)
     assert family_kinds_of(permute) == ("hf-eager/cpu|view",)
     assert model.predict(permute, [{"tokens": 100}]).seconds[0] == pytest.approx(2e-6, rel=0.1)
     start = arange("aten.arange.start", 1, {"sym": "2*tokens"})
