@@ -334,9 +334,10 @@ class ShapeModel:
             if sig is None or key in exclude or not pts:
                 continue
             fb, t = signature_rows(sig, pts)
-            fine.setdefault(kind_of(sig), {})[key] = (fb, t)
-            coarse.setdefault(coarse_kind_of(sig), {})[key] = (fb, t)
-            parent[kind_of(sig)] = coarse_kind_of(sig)
+            fine_kind, coarse_kind = kind_of(sig), coarse_kind_of(sig)
+            fine.setdefault(fine_kind, {})[key] = (fb, t)
+            coarse.setdefault(coarse_kind, {})[key] = (fb, t)
+            parent[fine_kind] = coarse_kind
             for fam in family_kinds_of(sig):
                 family.setdefault(fam, {})[key] = (fb, t)
         kinds = {k: m for k, rows in coarse.items() if (m := fit_kind(k, rows)) is not None}
