@@ -248,3 +248,28 @@ def test_budget_seconds_takes_the_least_certain_that_fit_after_the_uncovered() -
     assert tr.within_seconds(6.0) == ["a"]  # a (4 s) fits after u (2 s); b and c no longer do
     assert tr.within_seconds(9.0) == ["a", "c"]  # b (10 s) is skipped, the cheaper c after it still fits
     assert tr.within_seconds(100.0) == ["a", "b", "c"]
+
+
+def test_validate_says_when_the_machine_was_busy(configs, monkeypatch) -> None:
+    """Rounds of the same shapes that land far apart get a note naming the cause; rounds that agree get none."""
+    import dooly.profiler
+    from dooly.store import Measurement
+
+    db, a, _ = configs
+    monkeypatch.setenv("DOOLY_THREADS", "1")
+    res = runner.invoke(app, ["profile", str(a), "--db", str(db), "--grid", "tiny", "--no-calibrate"])
+    assert res.exit_code == 0, res.output
+    for slow, noted in ((1.0, False), (1.5, True)):
+        seen: set[tuple] = set()
+
+        def fake_forward(_engine, _model, phase, values, *_a, slow=slow, seen=seen, **_k):
+            # a shape's second round runs `slow` times longer than its first
+            key = (phase, tuple(sorted(values.items())))
+            s = 0.01 * (slow if key in seen else 1.0)
+            seen.add(key)
+            return Measurement(s, s, s, 1, s)
+
+        monkeypatch.setattr(dooly.profiler, "measure_forward", fake_forward)
+        res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp"])
+        assert res.exit_code == 0, res.output
+        assert ("something else held the CPU" in res.output) is noted, res.output

@@ -16,6 +16,10 @@ from dooly.engines import DEFAULT_ENGINE
 out = Console()
 err = Console(stderr=True)
 
+#: A validation whose rounds disagree by more than this (%) on average ran on a busy machine: `validate` says so
+#: (this 2-vCPU VM: 1-5% when quiet, 10-19% in a noisy hour).
+NOISY_SPREAD_PCT = 10.0
+
 _DB = typer.Option(
     Path("profiles.db"), "--db", help="Profile database (SQLite file; `dooly profile` creates it, others only read)."
 )
@@ -339,3 +343,8 @@ def validate_cmd(
     if rounds > 1:
         out.print(f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
                   f"decode {round_spread(rows, 'decode'):.1f}%  all {round_spread(rows):.1f}%")  # fmt: skip
+        spread = round_spread(rows)
+        if spread > NOISY_SPREAD_PCT:
+            err.print(f"note: the rounds of the same shapes landed {spread:.0f}% apart: something else held the CPU "
+                      "(another process, or the VM's neighbours), and no MAPE above is meaningful below that; validate "
+                      "again when the machine is quiet")  # fmt: skip
