@@ -17,7 +17,7 @@ out = Console()
 err = Console(stderr=True)
 
 #: A validation whose rounds disagree by more than this (%) on average ran on a busy machine: `validate` says so
-#: (this 2-vCPU VM: 1-5% when quiet, 10-19% in a noisy hour).
+#: (this 2-vCPU VM: 1-5% when quiet, up to 17% in a noisy hour).
 NOISY_SPREAD_PCT = 10.0
 
 _DB = typer.Option(
