@@ -19,7 +19,9 @@ block. Every generator fits on the training block (the neural ones for the same 
   compare steps, not only seconds) and events seen per second of training (steps * batch * context;
   Markov: the training block's events / fit time);
 - sample ev/s: sampling throughput (raw sample, before repair);
-- and per generator the rules broken most often (share of the sample's events breaking each).
+- and per generator the rules broken most often (share of the sample's events breaking each);
+- with `--jsd-terms K`: the K event 3-grams carrying most of each sample's jsd3, with their share in the test block
+  and in the sample (`tracesynth.evaluate.metrics.ngram_jsd_terms`): what a generator gets wrong.
 
 - auc: same-phase discriminator AUC (`tracesynth.evaluate.tasks.same_phase_discriminator`): a classifier
   tells real windows of the training block from the sample's, scored on interleaved time blocks it did not
@@ -65,7 +67,7 @@ from tracesynth.collect import sha256_file  # noqa: E402
 from tracesynth.constraints import check_trace, mine_rules, repair_trace  # noqa: E402
 from tracesynth.evaluate.classifier import ClassifierConfig  # noqa: E402
 from tracesynth.evaluate.experiments import prepare_workload  # noqa: E402
-from tracesynth.evaluate.metrics import copied_within, memorisation, ngram_jsd  # noqa: E402
+from tracesynth.evaluate.metrics import copied_within, memorisation, ngram_jsd, ngram_jsd_terms  # noqa: E402
 from tracesynth.evaluate.tasks import next_event_scores, same_phase_discriminator  # noqa: E402
 from tracesynth.evaluate.windows import Split, make_windows  # noqa: E402
 from tracesynth.generator import load_generator  # noqa: E402
@@ -179,6 +181,9 @@ def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: s
                 print(_fmt(seed_rows[-1]), flush=True)
                 print(f"{'':24s}rules broken most: {_top_rules(check)}; scored in "
                       f"{time.perf_counter() - t_eval:.0f} s", flush=True)
+                for t in ngram_jsd_terms(test, raw, 3, top=args.jsd_terms):
+                    print(f"{'':24s}jsd3 {t['bits']:.4f} bits from {' > '.join(t['ngram'])}: real {t['real']:.2%}, "
+                          f"sample {t['synth']:.2%}", flush=True)
         # one discriminator run per seed for every sample, so all share the real-vs-real reference and window budget
         auc = same_phase_discriminator(real_windows, samples, n_ev, clf, seed=0, gap=wd.context, max_windows=2000)
         seed_rows[0]["auc"] = auc["reference"]
@@ -271,6 +276,8 @@ def main() -> None:
                     help="fit only these generators (default: all but gaussian)")
     ap.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
                     help="sample ar at each of these softmax temperatures (rows ar@tT; 1 = the model's distribution)")
+    ap.add_argument("--jsd-terms", type=int, default=0, metavar="K",
+                    help="print, per sample, the K event 3-grams that carry most of its 3-gram JSD to the test block")
     ap.add_argument("--unmask", choices=list(UNMASK), default="random")
     ap.add_argument("--gaussian", action="store_true", help="also the paper's Gaussian diffusion model")
     ap.add_argument("--init", type=Path, default=None,

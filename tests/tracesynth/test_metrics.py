@@ -30,6 +30,16 @@ def test_ngram_jsd_sees_order_that_unigrams_miss() -> None:
     assert metrics.ngram_jsd(a, b, 2) > 0.3
 
 
+def test_ngram_jsd_terms_name_the_ngrams_that_carry_it() -> None:
+    real = trace(["a", "b", "c"] * 100)
+    synth = trace(["a", "b", "c"] * 80 + ["a"] * 60)  # a run of "a" that real data never has
+    terms = metrics.ngram_jsd_terms(real, synth, 3, top=100)
+    assert terms[0]["ngram"] == ["a", "a", "a"] and terms[0]["real"] == 0.0 and terms[0]["synth"] > 0.15
+    assert math.isclose(sum(t["bits"] for t in terms), metrics.ngram_jsd(real, synth, 3))
+    assert [t["bits"] for t in terms] == sorted((t["bits"] for t in terms), reverse=True)
+    assert metrics.ngram_jsd_terms(real, real, 3, top=2)[0]["bits"] == 0.0
+
+
 def test_dt_wasserstein() -> None:
     ev = ["a", "b"] * 100
     assert metrics.dt_wasserstein(trace(ev, 10), trace(ev, 10))["mean"] == 0.0

@@ -17,11 +17,11 @@ import numpy as np
 from scipy.stats import wasserstein_distance
 
 from tracesynth.constraints import check_trace
-from tracesynth.divergence import jsd
+from tracesynth.divergence import jsd, jsd_terms
 from tracesynth.trace import Trace
 from tracesynth.vocab import Vocab
 
-__all__ = ["fidelity", "jsd", "memorisation", "ngram_jsd", "violation_rate"]
+__all__ = ["fidelity", "jsd", "memorisation", "ngram_jsd", "ngram_jsd_terms", "violation_rate"]
 
 
 def _joint_codes(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -41,8 +41,8 @@ def ngram_counts(codes: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.n
     return np.unique(key, return_counts=True)
 
 
-def ngram_jsd(real: Trace, synth: Trace, n: int = 1) -> float:
-    """JSD between the n-gram distributions of event types (n=1: the event-type distribution)."""
+def _ngram_distributions(real: Trace, synth: Trace, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """The n-gram keys seen in either trace (base-V digits of event codes), their counts in each, and the vocabulary."""
     a, b, names = _joint_codes(real, synth)
     ka, ca = ngram_counts(a, n, len(names))
     kb, cb = ngram_counts(b, n, len(names))
@@ -51,7 +51,29 @@ def ngram_jsd(real: Trace, synth: Trace, n: int = 1) -> float:
     q = np.zeros(len(keys))
     p[np.searchsorted(keys, ka)] = ca
     q[np.searchsorted(keys, kb)] = cb
+    return keys, p, q, names
+
+
+def ngram_jsd(real: Trace, synth: Trace, n: int = 1) -> float:
+    """JSD between the n-gram distributions of event types (n=1: the event-type distribution)."""
+    _, p, q, _ = _ngram_distributions(real, synth, n)
     return jsd(p, q)
+
+
+def ngram_jsd_terms(real: Trace, synth: Trace, n: int = 3, top: int = 8) -> list[dict[str, Any]]:
+    """The `top` n-grams of event types that carry most of `ngram_jsd(real, synth, n)`: each one's events, its
+    share of the divergence (bits) and its frequency in each trace, largest share first."""
+    keys, p, q, names = _ngram_distributions(real, synth, n)
+    terms = jsd_terms(p, q)
+    if np.isnan(terms).any():
+        return []
+    V = len(names)
+    out = []
+    for i in np.argsort(-terms, kind="stable")[:top]:
+        digits = [(int(keys[i]) // V**j) % V for j in range(n - 1, -1, -1)]  # the oldest event is the top digit
+        out.append({"ngram": [names[d] for d in digits], "bits": float(terms[i]),
+                    "real": float(p[i] / p.sum()), "synth": float(q[i] / q.sum())})  # fmt: skip
+    return out
 
 
 def log_dt(trace: Trace) -> np.ndarray:
