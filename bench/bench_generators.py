@@ -8,6 +8,9 @@ block. Every generator fits on the training block (the neural ones for the same 
 - rule_viol: share of the raw sample's events breaking a rule mined from the training block;
 - repair_edit: share of events repair changed (inserted + deleted + modified) / events;
 - jsd3: 3-gram Jensen-Shannon divergence (bits) of event types, sample vs the real test block;
+- jsd3 train: the same against the training block, the period the generator learned (a test block in another phase,
+  fio's: its training block opens with a file-writing phase, 8% of its events, that its test block does not hold,
+  charges jsd3 to a generator for being faithful to what it was given; the `real` row: the test block's own);
 - copied128: share of 128-event windows of the sample found verbatim in the training block (the `real`
   row: of the test block's first `--events` events, how often real data itself repeats a training window);
   the `real` row's copied128_inphase: of `--events` events from the middle of the training block, the share
@@ -141,7 +144,8 @@ def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: s
     copied = memorisation(test.slice(0, args.events), train, 128)["copied_window_share"]
     inphase = copied_within(train.codes("event")[0], max(0, (len(train) - args.events) // 2), args.events, 128)
     real = {"trace": name, "generator": "real", "nxt_f1": real_f1, "rule_viol": check_trace(test, rules).rate,
-            "copied128": copied, "copied128_inphase": inphase}
+            "copied128": copied, "copied128_inphase": inphase,
+            "jsd3_train": ngram_jsd(train, test.slice(0, args.events), 3)}
     print(f"{name}: {len(train):,} training / {len(test):,} test events; rules, real F1: "
           f"{time.perf_counter() - t_setup:.0f} s", flush=True)
     fitted = []  # (name, generator, fit seconds): every generator fitted once, sampled once per seed
@@ -175,7 +179,8 @@ def bench_trace(name: str, train, test, gens: dict[str, object], args, loaded: s
                     "trace": name, "generator": rname, "seed": seed, "fit_s": fit_s, "steps": info.get("train_steps"),
                     "train_ev_s": train_ev_s, "sample_ev_s": len(raw) / max(sample_s, 1e-9),
                     "rule_viol": check.rate, "repair_edit": rep.edit_rate,
-                    "jsd3": ngram_jsd(test, raw, 3), "copied128": mem["copied_window_share"], "nxt_f1": f1,
+                    "jsd3": ngram_jsd(test, raw, 3), "jsd3_train": ngram_jsd(train, raw, 3),
+                    "copied128": mem["copied_window_share"], "nxt_f1": f1,
                     "rules": {r: n / max(check.events, 1) for r, n in check.counts.items() if n},
                 })
                 print(_fmt(seed_rows[-1]), flush=True)
@@ -226,14 +231,14 @@ def _fmt(r: dict) -> str:
 
     return (f"{r['trace']:10s} {r['generator']:12s} viol {f('rule_viol', '.3%'):>7s} "
             f"edit {f('repair_edit', '.3%'):>7s} "
-            f"jsd3 {f('jsd3', '.3f'):>5s} auc {f('auc', '.3f'):>5s} "
+            f"jsd3 {f('jsd3', '.3f'):>5s} (train {f('jsd3_train', '.3f'):>5s}) auc {f('auc', '.3f'):>5s} "
             f"copied {f('copied128', '.1%'):>6s} nxtF1 {f('nxt_f1', '.3f'):>5s} "
             f"fit {f('fit_s', '.0f'):>4s}s steps {f('steps', 'd'):>6s} train {f('train_ev_s', ',.0f'):>9s} ev/s "
             f"sample {f('sample_ev_s', ',.0f'):>8s} ev/s"
             + (f" in-phase copied {f('copied128_inphase', '.1%')}" if "copied128_inphase" in r else ""))
 
 
-SEEDED = ("rule_viol", "repair_edit", "jsd3", "auc", "copied128", "copied128_inphase", "nxt_f1")
+SEEDED = ("rule_viol", "repair_edit", "jsd3", "jsd3_train", "auc", "copied128", "copied128_inphase", "nxt_f1")
 
 
 def _print_over_seeds(rows: list[dict]) -> None:
