@@ -12,8 +12,9 @@ def jsd(p: np.ndarray, q: np.ndarray) -> float:
     NaN when either side has no mass: an empty sample has no distribution to compare, and scoring it
     0.5 (half of "disjoint"), as dividing by a tiny epsilon would, reads as a real measurement.
     """
-    terms = jsd_terms(p, q)
-    return float("nan") if np.isnan(terms).any() else float(np.clip(terms.sum(), 0.0, 1.0))
+    if np.sum(p) <= 0 or np.sum(q) <= 0:  # (an empty support too, where jsd_terms has no element to be NaN)
+        return float("nan")
+    return float(np.clip(jsd_terms(p, q).sum(), 0.0, 1.0))
 
 
 def jsd_terms(p: np.ndarray, q: np.ndarray) -> np.ndarray:
