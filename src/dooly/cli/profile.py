@@ -341,9 +341,9 @@ def validate_cmd(
         out.print(f"MAPE prefill {phase_mape(scored, 'prefill'):.1f}%  decode {phase_mape(scored, 'decode'):.1f}%  "
                   f"all {phase_mape(scored):.1f}%  {what[label]}")  # fmt: skip
     if rounds > 1:
-        out.print(f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
-                  f"decode {round_spread(rows, 'decode'):.1f}%  all {round_spread(rows):.1f}%")  # fmt: skip
         spread = round_spread(rows)
+        out.print(f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
+                  f"decode {round_spread(rows, 'decode'):.1f}%  all {spread:.1f}%")  # fmt: skip
         if spread > NOISY_SPREAD_PCT:
             err.print(f"note: the rounds of the same shapes landed {spread:.0f}% apart: something else held the CPU "
                       "(another process, or the VM's neighbours), and no MAPE above is meaningful below that; validate "
