@@ -9,8 +9,8 @@ block. Every generator fits on the training block (the neural ones for the same 
 - repair_edit: share of events repair changed (inserted + deleted + modified) / events;
 - jsd3: 3-gram Jensen-Shannon divergence (bits) of event types, sample vs the real test block;
 - jsd3 train: the same against the training block, the period the generator learned (a test block in another phase,
-  fio's: its training block opens with a file-writing phase, 8% of its events, that its test block does not hold,
-  charges jsd3 to a generator for being faithful to what it was given; the `real` row: the test block's own);
+  fio's: its training block holds a file-writing phase that its test block does not, charges jsd3 to a generator
+  for being faithful to what it was given; the `real` row: the test block's own);
 - copied128: share of 128-event windows of the sample found verbatim in the training block (the `real`
   row: of the test block's first `--events` events, how often real data itself repeats a training window);
   the `real` row's copied128_inphase: of `--events` events from the middle of the training block, the share
