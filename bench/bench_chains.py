@@ -2,12 +2,15 @@
 
 A token model's long trace is a few chains of overlapping windows; a chain drifts the longer it runs, so more
 (shorter) chains can be closer to real. For each chain count, the model samples `--events` events per trace
-it learned (unguided) and this prints the 3-gram JSD of event types to that trace's *training* block (never
-the held-out one: this is how the shipped `models/all` got its `config.chains`), and the mean over traces.
-With `--seeds 0 1 2` each figure is the mean over those sampling seeds (one seed's sample can sit far from
-another's).
+it learned (unguided, or with `--guide kernel` as the shipped model samples by default) and this prints the
+3-gram JSD of event types to that trace's *training* block (never the held-out one: this is how the shipped
+`models/all` got its `config.chains`), and the mean over traces. With `--seeds 0 1 2` each figure is the mean
+over those sampling seeds (one seed's sample can sit far from another's).
 
     .venv/bin/python bench/bench_chains.py models/all --chains 8 16 32 --seeds 0 1 2
+    .venv/bin/python bench/bench_chains.py models/all --chains 32 48 64 79 --seeds 0 1 2 --guide kernel
+
+At `--events` 20000 and a context of 256, 79 chains is the most there can be: a chain is at least one window.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="sampling seeds (each figure: their mean)")
+    ap.add_argument("--guide", choices=["none", "kernel"], default="none", help="sample unguided or kernel-guided")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_generator(args.model)
@@ -45,7 +49,7 @@ def main() -> None:
         train = read_trace(REPO / "data" / d["file"]).slice(0, int(d["train_events"]))
         for c in args.chains:
             model.config.chains = c
-            per_seed = [ngram_jsd(train, model.sample(args.events, seed=s, workload=d["workload"], guide="none"), 3)
+            per_seed = [ngram_jsd(train, model.sample(args.events, seed=s, workload=d["workload"], guide=args.guide), 3)
                         for s in args.seeds]  # fmt: skip
             jsd[c].append(float(np.mean(per_seed)))
         print(f"{d['workload']:10s} " + "  ".join(f"{c} chains {jsd[c][-1]:.3f}" for c in args.chains), flush=True)

@@ -270,6 +270,19 @@ class KernelGuide:
         self.open[r[entry], g[entry]] = self.call_of[ev[entry]]
         self.open[r[leave], g[leave]] = CLOSED
 
+    def replay(self, tokens: Mapping[str, torch.Tensor], k: int) -> np.ndarray:
+        """Take the window's first k events (tokens [b, >= k] per channel, e.g. real events a chain continues) as
+        drawn, one at a time: the state is then the one they leave (who runs on each CPU, which calls are open).
+        Returns [b, k] bool: whether each event was within the masks the sampler would have used."""
+        ok = np.ones((self.b, k), bool)
+        for j in range(k):
+            drawn = {c: tokens[c][:, j] for c in ("cpu", "tid", "event")}
+            tid, ev = drawn["tid"].numpy(), drawn["event"].numpy()
+            ok[:, j] = self.allowed("tid", drawn).numpy()[self.rows, tid]  # also binds a current thread's label
+            ok[:, j] &= self.allowed("event", drawn).numpy()[self.rows, ev]
+            self.commit(j, drawn)
+        return ok
+
     def join_chains(self, seqs: Mapping[str, np.ndarray], ends: np.ndarray) -> dict[str, np.ndarray]:
         """The chains' first `ends[b]` events concatenated ({channel: [b, n]} tokens, chain-global thread ids),
         with a sched_switch inserted where a chain first runs a thread on a CPU that the chains before left to

@@ -1,0 +1,129 @@
+"""How far a saved autoregressive model drifts from real as it runs on: its events, pooled over many short
+continuations of real traces, scored segment by segment against the training block.
+
+For each trace the model learned (its `history.training`, as `bench_chains.py`), `--chains` chains each start
+from `--prime` real events at a random place of the training block (none: a cold start, as `sample` does), with
+the kernel guide's state replayed over them, and draw the rest of one window (`context - prime` events). Per
+segment of `--segment` events after the prime, this prints the 3-gram JSD (bits) of event types of the drawn
+events, pooled over the chains (3-grams inside a chain only), to the whole training block, beside the same
+figure for the events that really followed those primes (the floor: real segments of that size and number). A
+network that predicts the next event well but drifts as it feeds on its own draws shows a gap that grows segment
+by segment; `sample` concatenates chains of about `events / chains` events, so that growth is what more chains
+trade against more chain starts (`bench_chains.py`).
+
+    .venv/bin/python bench/bench_drift.py models/all --workloads scimark2 stream fio
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from tracesynth.autoregressive import Autoregressive  # noqa: E402
+from tracesynth.generator import load_generator  # noqa: E402
+from tracesynth.guide import KernelGuide  # noqa: E402
+from tracesynth.io import read_trace  # noqa: E402
+from tracesynth.tokenmodel import CHANNELS  # noqa: E402
+
+
+def trigrams(rows) -> Counter:
+    """3-gram counts of event tokens, pooled over rows (no 3-gram crosses from one row to the next)."""
+    out: Counter = Counter()
+    for r in rows:
+        r = list(map(int, r))
+        out.update(zip(r[:-2], r[1:-1], r[2:], strict=False))
+    return out
+
+
+def jsd_bits(a: Counter, b: Counter) -> float:
+    keys = list(set(a) | set(b))
+    p = np.array([a[k] for k in keys], float) / max(sum(a.values()), 1)
+    q = np.array([b[k] for k in keys], float) / max(sum(b.values()), 1)
+    m = (p + q) / 2
+
+    def kl(x: np.ndarray) -> float:
+        nz = x > 0
+        return float(np.sum(x[nz] * np.log2(x[nz] / m[nz])))
+
+    return (kl(p) + kl(q)) / 2
+
+
+@torch.no_grad()
+def continue_primes(
+    model: Autoregressive, enc: dict, starts: np.ndarray, prime: int, workload: int, guide: str, seed: int
+) -> np.ndarray:
+    """Event tokens [chains, context - prime] drawn after the real events enc[starts : starts + prime]."""
+    L, b = model.config.context, len(starts)
+    idx = starts[:, None] + np.arange(prime)
+    tokens = {c: torch.zeros(b, L, dtype=torch.long) for c in CHANNELS}
+    for c in CHANNELS:
+        real = model.codec.relabel_tids(enc[c][idx]) if c == "tid" else enc[c][idx]
+        tokens[c][:, :prime] = torch.from_numpy(real)
+    tokens["workload"] = torch.full((b,), workload, dtype=torch.long)
+    known = torch.zeros(b, L, dtype=torch.bool)
+    known[:, :prime] = True
+    kernel = None
+    if guide == "kernel":
+        kernel = KernelGuide(model.codec, model.kernel, b, L)
+        kernel.start_window(None, None)
+        kernel.replay(tokens, prime)  # the kernel state the real prefix leaves: who runs where, which calls are open
+    model._fill(tokens, known, torch.Generator().manual_seed(seed), kernel)
+    return tokens["event"][:, prime:].numpy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path, help="a conditional autoregressive model written by scripts/train_models.py")
+    ap.add_argument("--workloads", nargs="+", default=None, help="the traces it learned to score (default: all)")
+    ap.add_argument("--chains", type=int, default=300, help="continuations pooled per segment")
+    ap.add_argument("--prime", type=int, nargs="+", default=[0, 64], help="real events before each continuation")
+    ap.add_argument("--segment", type=int, default=64, help="events per scored segment")
+    ap.add_argument("--guide", choices=["kernel", "none"], default="kernel")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = load_generator(args.model)
+    training = (getattr(model, "history", {}) or {}).get("training")
+    if not isinstance(model, Autoregressive) or not training:
+        sys.exit(f"{args.model}: not an autoregressive model written by scripts/train_models.py")
+    L = model.config.context
+    if not all(0 <= p <= L - args.segment for p in args.prime):
+        sys.exit(f"--prime must leave at least one segment of {args.segment} events in the context of {L}")
+    print(
+        f"{args.model}: {args.chains} chains per row, guide {args.guide}; 3-gram JSD (bits) to the training "
+        f"block per segment of {args.segment} drawn events, model / the real events that followed the same primes"
+    )
+    for d in training["data"]:
+        if args.workloads and d["workload"] not in args.workloads:
+            continue
+        train = read_trace(REPO / "data" / d["file"]).slice(0, int(d["train_events"]))
+        enc = model._tokens(train)
+        whole = trigrams([enc["event"]])
+        rng = np.random.default_rng(args.seed)
+        for prime in args.prime:
+            starts = rng.integers(0, len(train) - L, args.chains)
+            drawn = continue_primes(
+                model, enc, starts, prime, model.workloads.index(d["workload"]), args.guide, args.seed
+            )
+            real = enc["event"][starts[:, None] + np.arange(prime, L)]
+            cells = []
+            for a in range(0, L - prime - args.segment + 1, args.segment):
+                seg = slice(a, a + args.segment)
+                cells.append(
+                    f"{a:3d}+: {jsd_bits(trigrams(drawn[:, seg]), whole):.3f} / "
+                    f"{jsd_bits(trigrams(real[:, seg]), whole):.3f}"
+                )
+            print(f"{d['workload']:9s} prime {prime:3d}  " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
