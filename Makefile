@@ -25,8 +25,11 @@ fuzz: setup
 lint: setup
 	$(BIN)/ruff check src tests bench
 
+# these read an input a user names (a profile DB, a validate log, models to serve alone): run them by hand
+BENCH_NEEDS_INPUT = bench/bench_shape_kinds.py bench/bench_vllm_lone.py bench/rescore_validation.py
+
 bench: setup
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in $(filter-out $(BENCH_NEEDS_INPUT),$(wildcard bench/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

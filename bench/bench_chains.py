@@ -32,7 +32,8 @@ from tracesynth.io import read_trace  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", type=Path, help="a conditional token model written by scripts/train_models.py")
+    ap.add_argument("model", type=Path, nargs="?", default=REPO / "models" / "all",
+                    help="a conditional token model written by scripts/train_models.py (default: models/all)")
     ap.add_argument("--chains", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--events", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=1)

@@ -81,7 +81,13 @@ def continue_primes(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", type=Path, help="a conditional autoregressive model written by scripts/train_models.py")
+    ap.add_argument(
+        "model",
+        type=Path,
+        nargs="?",
+        default=REPO / "models" / "all",
+        help="a conditional autoregressive model written by scripts/train_models.py (default: models/all)",
+    )
     ap.add_argument("--workloads", nargs="+", default=None, help="the traces it learned to score (default: all)")
     ap.add_argument("--chains", type=int, default=300, help="continuations pooled per segment")
     ap.add_argument("--prime", type=int, nargs="+", default=[0, 64], help="real events before each continuation")
