@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -28,32 +27,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from tracesynth.autoregressive import Autoregressive  # noqa: E402
+from tracesynth.divergence import jsd  # noqa: E402
+from tracesynth.evaluate.metrics import ngram_counts  # noqa: E402
 from tracesynth.generator import load_generator  # noqa: E402
 from tracesynth.guide import KernelGuide  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
 from tracesynth.tokenmodel import CHANNELS  # noqa: E402
 
 
-def trigrams(rows) -> Counter:
-    """3-gram counts of event tokens, pooled over rows (no 3-gram crosses from one row to the next)."""
-    out: Counter = Counter()
-    for r in rows:
-        r = list(map(int, r))
-        out.update(zip(r[:-2], r[1:-1], r[2:], strict=False))
-    return out
+def trigrams(rows: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """Event 3-gram keys and counts, pooled over rows (no 3-gram crosses from one row to the next)."""
+    parts = [ngram_counts(np.asarray(r, np.int64), 3, base) for r in rows]
+    keys, inv = np.unique(np.concatenate([k for k, _ in parts]), return_inverse=True)
+    return keys, np.bincount(inv, weights=np.concatenate([c for _, c in parts]))
 
 
-def jsd_bits(a: Counter, b: Counter) -> float:
-    keys = list(set(a) | set(b))
-    p = np.array([a[k] for k in keys], float) / max(sum(a.values()), 1)
-    q = np.array([b[k] for k in keys], float) / max(sum(b.values()), 1)
-    m = (p + q) / 2
-
-    def kl(x: np.ndarray) -> float:
-        nz = x > 0
-        return float(np.sum(x[nz] * np.log2(x[nz] / m[nz])))
-
-    return (kl(p) + kl(q)) / 2
+def jsd_between(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    keys = np.union1d(a[0], b[0])
+    p, q = np.zeros(len(keys)), np.zeros(len(keys))
+    p[np.searchsorted(keys, a[0])] = a[1]
+    q[np.searchsorted(keys, b[0])] = b[1]
+    return jsd(p, q)
 
 
 @torch.no_grad()
@@ -113,7 +107,8 @@ def main() -> None:
             continue
         train = read_trace(REPO / "data" / d["file"]).slice(0, int(d["train_events"]))
         enc = model._tokens(train)
-        whole = trigrams([enc["event"]])
+        V = model.vocab["event"]
+        whole = trigrams([enc["event"]], V)
         rng = np.random.default_rng(args.seed)
         for prime in args.prime:
             starts = rng.integers(0, len(train) - L, args.chains)
@@ -125,8 +120,8 @@ def main() -> None:
             for a in range(0, L - prime - args.segment + 1, args.segment):
                 seg = slice(a, a + args.segment)
                 cells.append(
-                    f"{a:3d}+: {jsd_bits(trigrams(drawn[:, seg]), whole):.3f} / "
-                    f"{jsd_bits(trigrams(real[:, seg]), whole):.3f}"
+                    f"{a:3d}+: {jsd_between(trigrams(drawn[:, seg], V), whole):.3f} / "
+                    f"{jsd_between(trigrams(real[:, seg], V), whole):.3f}"
                 )
             print(f"{d['workload']:9s} prime {prime:3d}  " + "  ".join(cells), flush=True)
 
