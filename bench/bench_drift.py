@@ -12,6 +12,7 @@ by segment; `sample` concatenates chains of about `events / chains` events, so t
 trade against more chain starts (`bench_chains.py`).
 
     .venv/bin/python bench/bench_drift.py models/all --workloads scimark2 stream fio
+    .venv/bin/python bench/bench_drift.py --prime 0 --shares 5   # and which event types the drift moves
 """
 
 from __future__ import annotations
@@ -73,6 +74,29 @@ def continue_primes(
     return tokens["event"][:, prime:].numpy()
 
 
+def print_shares(
+    names: list[str], whole: np.ndarray, drawn: np.ndarray, real: np.ndarray, segment: int, k: int
+) -> None:
+    """The k event types whose share of the drawn events moves most from the first segment to the last: their
+    share in the training block, in the drawn first and last segments, and in the real last segment."""
+    last = slice((drawn.shape[1] // segment - 1) * segment, drawn.shape[1] // segment * segment)
+
+    def share(x: np.ndarray) -> np.ndarray:
+        return np.bincount(x.ravel(), minlength=len(names)) / max(x.size, 1)
+
+    first_d, last_d, last_r, train = (
+        share(drawn[:, :segment]),
+        share(drawn[:, last]),
+        share(real[:, last]),
+        share(whole),
+    )
+    for i in np.argsort(-np.abs(last_d - first_d))[:k]:
+        print(
+            f"{'':15s}{names[i]:34s} training {train[i]:6.2%}  drawn first {first_d[i]:6.2%} last {last_d[i]:6.2%}"
+            f"  real last {last_r[i]:6.2%}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -89,6 +113,13 @@ def main() -> None:
     ap.add_argument("--guide", choices=["kernel", "none"], default="kernel")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--shares",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also the K event types whose share moves most from the first segment to the last",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_generator(args.model)
@@ -124,6 +155,8 @@ def main() -> None:
                     f"{jsd_between(trigrams(real[:, seg], V), whole):.3f}"
                 )
             print(f"{d['workload']:9s} prime {prime:3d}  " + "  ".join(cells), flush=True)
+            if args.shares:
+                print_shares(model.codec.token_names("event"), enc["event"], drawn, real, args.segment, args.shares)
 
 
 if __name__ == "__main__":
