@@ -14,6 +14,7 @@ from tracesynth.collect import sha256_file
 from tracesynth.constraints import check_trace, mine_rules, repair_trace
 from tracesynth.evaluate.metrics import ngram_jsd
 from tracesynth.generator import load_generator
+from tracesynth.guide import KernelGuide
 from tracesynth.io import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,11 +113,9 @@ def test_a_guided_sample_keeps_the_unguided_ones_trigram_fidelity(model, scimark
 
 @pytest.mark.parametrize("workload", ["scimark2", "fio", "sqlite"])
 def test_the_guide_allows_every_event_of_real_windows(model, workload: str) -> None:
-    """Real kernel events replayed through the guide (as the sampler would have drawn them, window by window) are
-    never outside its masks: it forbids only what the kernel never does, so a sample may go wherever real data
-    goes (a refusal here is a guide bug, not a model one)."""
-    from tracesynth.guide import KernelGuide
-
+    """Real kernel events replayed through the guide (each window from the cold state a chain starts in, as if the
+    sampler had drawn them) are never outside its masks: it forbids only what the kernel never does, so a sample
+    may go wherever real data goes (a refusal here is a guide bug, not a model one)."""
     trace = read_trace(REPO / "data" / f"{workload}.parquet").slice(0, 40960)
     L = model.config.context
     windows = model.windows([trace], stride=L)
