@@ -40,6 +40,18 @@ def test_ngram_jsd_terms_name_the_ngrams_that_carry_it() -> None:
     assert metrics.ngram_jsd_terms(real, real, 3, top=2)[0]["bits"] == 0.0
 
 
+def test_pieces_ngram_jsd_is_high_for_few_pieces_of_a_trace_with_long_phases() -> None:
+    """Real data cut into a sampler's chains: two pieces of a two-phase trace often miss a phase, many pieces
+    cover both in about their proportions; a trace without phases scores about 0 either way."""
+    phases = trace(["a", "b"] * 2000 + ["c", "d", "e"] * 1000)
+    rng = np.random.default_rng(0)
+    few = [metrics.pieces_ngram_jsd(phases, 2, 500, 3, rng) for _ in range(20)]
+    many = [metrics.pieces_ngram_jsd(phases, 100, 40, 3, rng) for _ in range(20)]
+    assert max(few) > 0.3 and np.mean(few) > 4 * np.mean(many), (few, many)
+    steady = trace(["a", "b", "c"] * 2000)
+    assert metrics.pieces_ngram_jsd(steady, 2, 500, 3, rng) < 0.01
+
+
 def test_dt_wasserstein() -> None:
     ev = ["a", "b"] * 100
     assert metrics.dt_wasserstein(trace(ev, 10), trace(ev, 10))["mean"] == 0.0

@@ -41,17 +41,32 @@ def ngram_counts(codes: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.n
     return np.unique(key, return_counts=True)
 
 
-def _ngram_distributions(real: Trace, synth: Trace, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """The n-gram keys seen in either trace (base-V digits of event codes), their counts in each, and the vocabulary."""
-    a, b, names = _joint_codes(real, synth)
-    ka, ca = ngram_counts(a, n, len(names))
-    kb, cb = ngram_counts(b, n, len(names))
+def _count_vectors(a: np.ndarray, b: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The n-gram keys seen in either code sequence and their counts in each."""
+    ka, ca = ngram_counts(a, n, base)
+    kb, cb = ngram_counts(b, n, base)
     keys = np.union1d(ka, kb)
     p = np.zeros(len(keys))
     q = np.zeros(len(keys))
     p[np.searchsorted(keys, ka)] = ca
     q[np.searchsorted(keys, kb)] = cb
-    return keys, p, q, names
+    return keys, p, q
+
+
+def _ngram_distributions(real: Trace, synth: Trace, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """The n-gram keys seen in either trace (base-V digits of event codes), their counts in each, and the vocabulary."""
+    a, b, names = _joint_codes(real, synth)
+    return (*_count_vectors(a, b, n, len(names)), names)
+
+
+def pieces_ngram_jsd(trace: Trace, pieces: int, length: int, n: int, rng: np.random.Generator) -> float:
+    """ngram_jsd between a trace and `pieces` runs of `length` of its own events from random places, joined: what
+    real data scores when cut the way a sampler's parallel chains are (a trace's phases are long, so a few pieces
+    sample them unevenly, and real data itself then sits well above 0)."""
+    codes, names = trace.codes("event")
+    starts = rng.integers(0, max(1, len(codes) - length), pieces)
+    joined = np.concatenate([codes[s : s + length] for s in starts])
+    return jsd(*_count_vectors(codes, joined, n, max(len(names), 1))[1:])
 
 
 def ngram_jsd(real: Trace, synth: Trace, n: int = 1) -> float:
