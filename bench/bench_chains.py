@@ -8,8 +8,8 @@ it learned (unguided, or with `--guide kernel` as the shipped model samples by d
 over those sampling seeds (one seed's sample can sit far from another's). Beside each, `(real ...)`: the training
 block cut into as many pieces of `--events / chains` events from random places (one draw per seed), joined, and
 scored the same way: a trace's phases are long, so a few pieces sample them unevenly, and a faithful model sampled
-in that many chains would score about that, not 0; an order-4 Markov chain, one chain that forgets all but four
-events, mixes its phases in every few thousand events and sits lower.
+in that many chains would score about that, not 0 (an order-4 Markov chain, one chain that forgets all but four
+events, is held in no phase and can sit lower).
 
     .venv/bin/python bench/bench_chains.py models/all --chains 8 16 32 --seeds 0 1 2
     .venv/bin/python bench/bench_chains.py models/all --chains 32 48 64 79 --seeds 0 1 2 --guide kernel
