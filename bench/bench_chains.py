@@ -58,7 +58,7 @@ def main() -> None:
             per_seed = [ngram_jsd(train, model.sample(args.events, seed=s, workload=d["workload"], guide=args.guide), 3)
                         for s in args.seeds]  # fmt: skip
             jsd[c].append(float(np.mean(per_seed)))
-            pieces = min(c, -(-args.events // model.config.context))  # as sample() caps it: a chain is a window
+            pieces = model.chains_for(args.events)  # as many as sample() drew
             rngs = [np.random.default_rng(s) for s in args.seeds]
             per_draw = [pieces_ngram_jsd(train, pieces, args.events // pieces, 3, r) for r in rngs]
             floor[c].append(float(np.mean(per_draw)))

@@ -28,8 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from tracesynth.autoregressive import Autoregressive  # noqa: E402
-from tracesynth.divergence import jsd  # noqa: E402
-from tracesynth.evaluate.metrics import ngram_counts  # noqa: E402
+from tracesynth.evaluate.metrics import counts_jsd, ngram_counts  # noqa: E402
 from tracesynth.generator import load_generator  # noqa: E402
 from tracesynth.guide import KernelGuide  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
@@ -41,14 +40,6 @@ def trigrams(rows: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
     parts = [ngram_counts(np.asarray(r, np.int64), 3, base) for r in rows]
     keys, inv = np.unique(np.concatenate([k for k, _ in parts]), return_inverse=True)
     return keys, np.bincount(inv, weights=np.concatenate([c for _, c in parts]))
-
-
-def jsd_between(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-    keys = np.union1d(a[0], b[0])
-    p, q = np.zeros(len(keys)), np.zeros(len(keys))
-    p[np.searchsorted(keys, a[0])] = a[1]
-    q[np.searchsorted(keys, b[0])] = b[1]
-    return jsd(p, q)
 
 
 @torch.no_grad()
@@ -151,8 +142,8 @@ def main() -> None:
             for a in range(0, L - prime - args.segment + 1, args.segment):
                 seg = slice(a, a + args.segment)
                 cells.append(
-                    f"{a:3d}+: {jsd_between(trigrams(drawn[:, seg], V), whole):.3f} / "
-                    f"{jsd_between(trigrams(real[:, seg], V), whole):.3f}"
+                    f"{a:3d}+: {counts_jsd(trigrams(drawn[:, seg], V), whole):.3f} / "
+                    f"{counts_jsd(trigrams(real[:, seg], V), whole):.3f}"
                 )
             print(f"{d['workload']:9s} prime {prime:3d}  " + "  ".join(cells), flush=True)
             if args.shares:

@@ -454,7 +454,7 @@ class TokenModel:
         L, K = cfg.context, cfg.overlap
         gen = torch.Generator().manual_seed(seed)
         rng = np.random.default_rng(seed)
-        chains = max(1, min(cfg.chains, math.ceil(n_events / L)))
+        chains = self.chains_for(n_events)
         per_chain = math.ceil(n_events / chains) + (SEAM_TRIM if chains > 1 else 0)
         n_windows = 1 + max(0, math.ceil((per_chain - L) / (L - K)))
         out = {c: [] for c in CHANNELS}
@@ -508,6 +508,11 @@ class TokenModel:
         codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
         meta = {"generator": self.name, "seed": seed, "guide": guide, **({"workload": workload} if workload else {})}
         return codec.decode(windows, metadata=meta)
+
+    def chains_for(self, n_events: int) -> int:
+        """How many chains `sample(n_events)` draws in parallel: `config.chains`, fewer where there are not
+        enough events to give each chain a whole window."""
+        return max(1, min(self.config.chains, math.ceil(n_events / self.config.context)))
 
     def _draw(
         self, logits: torch.Tensor, c: str, gen: torch.Generator, allowed: torch.Tensor | None = None,

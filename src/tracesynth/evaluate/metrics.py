@@ -43,8 +43,17 @@ def ngram_counts(codes: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.n
 
 def _count_vectors(a: np.ndarray, b: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The n-gram keys seen in either code sequence and their counts in each."""
-    ka, ca = ngram_counts(a, n, base)
-    kb, cb = ngram_counts(b, n, base)
+    return _aligned(ngram_counts(a, n, base), ngram_counts(b, n, base))
+
+
+def counts_jsd(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """JSD of two (keys, counts) tables (`ngram_counts`'s, or counts pooled over several sequences)."""
+    return jsd(*_aligned(a, b)[1:])
+
+
+def _aligned(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The keys of either (keys, counts) table and both tables' counts on them (0 where a table lacks a key)."""
+    (ka, ca), (kb, cb) = a, b
     keys = np.union1d(ka, kb)
     p = np.zeros(len(keys))
     q = np.zeros(len(keys))
@@ -66,7 +75,8 @@ def pieces_ngram_jsd(trace: Trace, pieces: int, length: int, n: int, rng: np.ran
     codes, names = trace.codes("event")
     starts = rng.integers(0, max(1, len(codes) - length), pieces)
     joined = np.concatenate([codes[s : s + length] for s in starts])
-    return jsd(*_count_vectors(codes, joined, n, max(len(names), 1))[1:])
+    base = max(len(names), 1)
+    return counts_jsd(ngram_counts(codes, n, base), ngram_counts(joined, n, base))
 
 
 def ngram_jsd(real: Trace, synth: Trace, n: int = 1) -> float:
