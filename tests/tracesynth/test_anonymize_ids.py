@@ -122,7 +122,8 @@ def test_fit_anonymize_keeps_no_real_comm_or_tid(tmp_path: Path, capsys, monkeyp
         ret=[int(t) if e.startswith("syscall_exit") else None for e, t in zip(ev, tids, strict=True)],
     )
     real.save(tmp_path / "t.parquet")
-    args = ["fit", tmp_path / "t.parquet", "-o", tmp_path / "m", "--anonymize", "--context", "32", "--steps", "1"]
+    args = ["fit", tmp_path / "t.parquet", "-o", tmp_path / "m", "--anonymize", "--kind", "diffusion"]
+    args += ["--context", "32", "--steps", "1"]
     args += ["--d-model", "16", "--layers", "1", "--batch-size", "2", "--checkpoint-every", "1", "--threads", "1"]
     monkeypatch.setattr(sys, "argv", ["tracesynth", *map(str, args)])
     try:

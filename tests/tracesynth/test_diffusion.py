@@ -185,7 +185,8 @@ def test_cli_fit_and_sample(tmp_path: Path) -> None:
 
     pattern_trace(300).save(tmp_path / "real.parquet")
     runner = CliRunner()
-    args = ["fit", str(tmp_path / "real.parquet"), "-o", str(tmp_path / "m"), "--context", "32", "--steps", "3"]
+    args = ["fit", str(tmp_path / "real.parquet"), "-o", str(tmp_path / "m"), "--kind", "diffusion", "--context", "32"]
+    args += ["--steps", "3"]
     res = runner.invoke(app, args + ["--d-model", "32", "--layers", "1", "--channels", "2"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["sample", str(tmp_path / "m"), "--events", "50", "-o", str(tmp_path / "s.parquet")])

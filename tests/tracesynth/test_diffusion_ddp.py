@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from tracesynth.cli import app
 from tracesynth.trace import Trace
 
-ARGS = ["--context", "32", "--steps", "2", "--d-model", "32", "--layers", "1", "--batch-size", "2"]
+ARGS = ["--kind", "diffusion", "--context", "32", "--steps", "2", "--d-model", "32", "--layers", "1"]
+ARGS += ["--batch-size", "2"]
 
 
 def small_trace(n: int = 400) -> Trace:

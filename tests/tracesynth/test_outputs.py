@@ -19,8 +19,8 @@ STRACE = Path(__file__).resolve().parents[1] / "fixtures" / "strace" / "strace-f
 needs_bt2 = pytest.mark.skipif(shutil.which("babeltrace2") is None, reason="babeltrace2 is not installed")
 NOTES = "my notes: do not lose me\n"
 # the smallest fit that writes a model (about a second once torch is imported)
-TINY_FIT = ["--context", "32", "--steps", "2", "--batch-size", "2", "--d-model", "16", "--layers", "1"]
-TINY_FIT += ["--checkpoint-every", "2", "--threads", "1"]
+TINY_FIT = ["--kind", "diffusion", "--context", "32", "--steps", "2", "--batch-size", "2", "--d-model", "16"]
+TINY_FIT += ["--layers", "1", "--checkpoint-every", "2", "--threads", "1"]
 
 
 def _user_dir(tmp_path: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -83,6 +84,28 @@ def test_cli_fits_and_samples_a_token_model(tmp_path: Path, kind: str) -> None:
     r = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "100", "-o", str(tmp_path / "s.parquet")])
     assert r.exit_code == 0, r.output
     assert len(read_trace(tmp_path / "s.parquet")) == 100
+
+
+def test_cli_fit_defaults_to_the_shipped_checkpoints_kind_and_recipe(tmp_path: Path) -> None:
+    """Without --kind a fit is an autoregressive model of the shipped checkpoint's size and optimiser settings
+    (scripts/train_models.py); an option given still wins."""
+    from typer.testing import CliRunner
+
+    from tracesynth.cli import app
+
+    shipped = json.loads((REPO / "models" / "all" / "config.json").read_text())
+    sqlite = str(REPO / "data" / "sqlite.parquet")
+    r = CliRunner().invoke(app, ["fit", sqlite, "-o", str(tmp_path / "m"), "--steps", "1", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert meta["format"] == shipped["format"]
+    for key in ("context", "d_model", "n_layers", "batch_size", "lr"):
+        assert meta["config"][key] == shipped["config"][key], key
+    r = CliRunner().invoke(app, ["fit", sqlite, "-o", str(tmp_path / "n"), "--steps", "1", "--context", "32",
+                                 "--d-model", "16", "--lr", "0.01", "--threads", "1"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "n" / "config.json").read_text())["config"]
+    assert (cfg["context"], cfg["d_model"], cfg["lr"], cfg["batch_size"]) == (32, 16, 0.01, 32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -23,21 +23,24 @@ def fit(
     data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
     kind: str = typer.Option(
-        "diffusion",
+        "ar",
         "--kind",
-        help="Generator: diffusion (the paper's Gaussian model), masked (discrete), ar (autoregressive) or markov.",
+        help="Generator: ar (autoregressive transformer, the shipped models/all's kind), diffusion (the paper's "
+        "Gaussian model), masked (discrete diffusion) or markov.",
     ),
     order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
-    context: int = typer.Option(1024, "--context", help="Events per window (L)."),
+    context: int = typer.Option(None, "--context", help="Events per window (L). [default: 256 for ar, else 1024]"),
     channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
     steps: int = typer.Option(1000, "--steps", help="Training steps (in total, counting resumed ones)."),
     time_limit: float = typer.Option(0.0, "--time-limit", help="Stop training after this many seconds (0 = no limit)."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Windows per step (per process under torchrun)."),
+    batch_size: int = typer.Option(
+        None, "--batch-size", help="Windows per step (per process under torchrun). [default: 32 for ar, else 8]"
+    ),
     patch: int = typer.Option(0, "--patch", help="Events per transformer token; 0 = context // 256."),
     stride: int = typer.Option(0, "--stride", help="Window stride in events; 0 = context // 2."),
-    d_model: int = typer.Option(64, "--d-model", help="Transformer width."),
+    d_model: int = typer.Option(None, "--d-model", help="Transformer width. [default: 128 for ar, else 64]"),
     layers: int = typer.Option(2, "--layers", help="Transformer blocks."),
-    lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate."),
+    lr: float = typer.Option(None, "--lr", help="Peak learning rate. [default: 0.001 for ar, else 0.003]"),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Write the model every N steps."),
     seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and noise."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
@@ -68,7 +71,8 @@ def fit(
         "under torchrun).",
     ),
 ) -> None:
-    """Train a generator on real traces (the diffusion model: run under `torchrun` for several processes).
+    """Train a generator on real traces (an autoregressive transformer unless --kind says otherwise; the diffusion
+    model also runs under `torchrun` for several processes).
 
     The model holds the traces' real command names and thread ids unless --anonymize is given.
     """
@@ -79,6 +83,9 @@ def fit(
         start = load_generator(init)
         kind = kind if _given(ctx, "kind") else start.name
     gen_kind = get_kind(kind)
+    given = {"context": context, "batch_size": batch_size, "d_model": d_model, "lr": lr}
+    context, batch_size, d_model, lr = (v if v is not None else _DEFAULTS.get(gen_kind.name, _DEFAULTS[""])[k]
+                                        for k, v in given.items())  # fmt: skip
     if gen_kind.cls is None:
         raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
     if conditional and gen_kind.name not in ("masked", "ar"):
@@ -153,6 +160,14 @@ def fit(
             f"loss {h.get('loss', float('nan')):.4f}, val {h.get('val_loss') or float('nan'):.4f}, "
             f"{h.get('train_events_per_s', 0):,.0f} events/s"
         )
+
+
+# the network and optimiser of a fit where the option is not given: ar's are the shipped checkpoint's recipe
+# (scripts/train_models.py), the other kinds' those they were measured with (docs/tracesynth-results.md)
+_DEFAULTS = {
+    "ar": {"context": 256, "batch_size": 32, "d_model": 128, "lr": 1e-3},
+    "": {"context": 1024, "batch_size": 8, "d_model": 64, "lr": 3e-3},
+}
 
 
 def _fit_with_progress(gen, traces: list, start, cfg: dict) -> None:
