@@ -84,7 +84,7 @@ def fit(
         kind = kind if _given(ctx, "kind") else start.name
     gen_kind = get_kind(kind)
     given = {"context": context, "batch_size": batch_size, "d_model": d_model, "lr": lr}
-    context, batch_size, d_model, lr = (v if v is not None else _DEFAULTS.get(gen_kind.name, _DEFAULTS[""])[k]
+    context, batch_size, d_model, lr = (v if v is not None else _DEFAULTS.get(gen_kind.name, _DEFAULTS["other"])[k]
                                         for k, v in given.items())  # fmt: skip
     if gen_kind.cls is None:
         raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
@@ -166,7 +166,7 @@ def fit(
 # (scripts/train_models.py), the other kinds' those they were measured with (docs/tracesynth-results.md)
 _DEFAULTS = {
     "ar": {"context": 256, "batch_size": 32, "d_model": 128, "lr": 1e-3},
-    "": {"context": 1024, "batch_size": 8, "d_model": 64, "lr": 3e-3},
+    "other": {"context": 1024, "batch_size": 8, "d_model": 64, "lr": 3e-3},
 }
 
 
