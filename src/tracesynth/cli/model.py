@@ -29,18 +29,18 @@ def fit(
         "Gaussian model), masked (discrete diffusion) or markov.",
     ),
     order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
-    context: int = typer.Option(None, "--context", help="Events per window (L). [default: 256 for ar, else 1024]"),
+    context: int = typer.Option(None, "--context", help="Events per window (L); if not given 256 for ar, else 1024."),
     channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
     steps: int = typer.Option(1000, "--steps", help="Training steps (in total, counting resumed ones)."),
     time_limit: float = typer.Option(0.0, "--time-limit", help="Stop training after this many seconds (0 = no limit)."),
     batch_size: int = typer.Option(
-        None, "--batch-size", help="Windows per step (per process under torchrun). [default: 32 for ar, else 8]"
+        None, "--batch-size", help="Windows per step (per process under torchrun); if not given 32 for ar, else 8."
     ),
     patch: int = typer.Option(0, "--patch", help="Events per transformer token; 0 = context // 256."),
     stride: int = typer.Option(0, "--stride", help="Window stride in events; 0 = context // 2."),
-    d_model: int = typer.Option(None, "--d-model", help="Transformer width. [default: 128 for ar, else 64]"),
+    d_model: int = typer.Option(None, "--d-model", help="Transformer width; if not given 128 for ar, else 64."),
     layers: int = typer.Option(2, "--layers", help="Transformer blocks."),
-    lr: float = typer.Option(None, "--lr", help="Peak learning rate. [default: 0.001 for ar, else 0.003]"),
+    lr: float = typer.Option(None, "--lr", help="Peak learning rate; if not given 0.001 for ar, else 0.003."),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Write the model every N steps."),
     seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and noise."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
