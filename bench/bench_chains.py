@@ -67,5 +67,6 @@ def main() -> None:
     means = [f"{c} chains {np.mean(jsd[c]):.3f} (real {np.mean(floor[c]):.3f})" for c in args.chains]
     print("mean       " + "  ".join(means))
 
+
 if __name__ == "__main__":
     main()

@@ -83,9 +83,11 @@ def fit(
         start = load_generator(init)
         kind = kind if _given(ctx, "kind") else start.name
     gen_kind = get_kind(kind)
-    given = {"context": context, "batch_size": batch_size, "d_model": d_model, "lr": lr}
-    context, batch_size, d_model, lr = (v if v is not None else _DEFAULTS.get(gen_kind.name, _DEFAULTS["other"])[k]
-                                        for k, v in given.items())  # fmt: skip
+    defaults = _DEFAULTS.get(gen_kind.name, _DEFAULTS["other"])  # for the size and optimiser options not given
+    context = defaults["context"] if context is None else context
+    batch_size = defaults["batch_size"] if batch_size is None else batch_size
+    d_model = defaults["d_model"] if d_model is None else d_model
+    lr = defaults["lr"] if lr is None else lr
     if gen_kind.cls is None:
         raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
     if conditional and gen_kind.name not in ("masked", "ar"):

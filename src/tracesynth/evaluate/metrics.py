@@ -41,11 +41,6 @@ def ngram_counts(codes: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.n
     return np.unique(key, return_counts=True)
 
 
-def _count_vectors(a: np.ndarray, b: np.ndarray, n: int, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The n-gram keys seen in either code sequence and their counts in each."""
-    return _aligned(ngram_counts(a, n, base), ngram_counts(b, n, base))
-
-
 def counts_jsd(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
     """JSD of two (keys, counts) tables (`ngram_counts`'s, or counts pooled over several sequences)."""
     return jsd(*_aligned(a, b)[1:])
@@ -65,7 +60,7 @@ def _aligned(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray])
 def _ngram_distributions(real: Trace, synth: Trace, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """The n-gram keys seen in either trace (base-V digits of event codes), their counts in each, and the vocabulary."""
     a, b, names = _joint_codes(real, synth)
-    return (*_count_vectors(a, b, n, len(names)), names)
+    return (*_aligned(ngram_counts(a, n, len(names)), ngram_counts(b, n, len(names))), names)
 
 
 def pieces_ngram_jsd(trace: Trace, pieces: int, length: int, n: int, rng: np.random.Generator) -> float:
