@@ -34,6 +34,7 @@ from atomicio import atomic_path
 from tracesynth.channels import CHANNELS_2, CHANNELS_6, OTHER_NEGATIVE, UNKNOWN_EVENT, ChannelCodec
 from tracesynth.errors import TraceSynthError
 from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
+from tracesynth.integrity import HASHES, check_shapes, file_hashes, verify_hashes
 from tracesynth.optim import resolve_device, warmup_cosine
 from tracesynth.trace import Trace
 
@@ -43,6 +44,9 @@ DT_PER_OCTAVE = 4  # gap buckets per factor of two
 N_DT = DT_PER_OCTAVE * 40 + 1  # covers gaps up to 2**40 ns (~18 min); larger gaps share the last bucket
 GAPS_PER_CELL = 16  # real gaps kept per (event, gap bucket) to decode from
 SEAM_TRIM = 32  # events a chain may give up at its end so that the next chain's first event can follow it
+FINAL_LOSSES = 50  # the last steps' losses whose mean is history["final_loss"]
+TRAIN_STATE = "train_state.safetensors"  # optimizer and RNG states of a checkpoint (TokenModel.fit)
+TENSOR_FILES = ("model.safetensors", "gaps.safetensors", TRAIN_STATE)
 
 
 @dataclass
@@ -166,6 +170,24 @@ def _gaps(ts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.diff(ts)]).astype(np.int64) if len(ts) else np.zeros(0, np.int64)
 
 
+def _restore(state: dict[str, Any], opt: torch.optim.Optimizer, rng: np.random.Generator, dev: torch.device) -> None:
+    """Put a training state's optimizer and RNG states back (`TokenModel._snapshot` took them)."""
+    meta, tensors = state["meta"], state["tensors"]
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for name, v in tensors.items():
+        if name.startswith("opt."):
+            _, i, key = name.split(".", 2)
+            per_param.setdefault(int(i), {})[key] = v
+    try:
+        opt.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
+        rng.bit_generator.state = meta["numpy_rng"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise TraceSynthError(f"cannot resume: bad training state ({type(exc).__name__}: {exc})") from None
+    torch.set_rng_state(tensors["rng.torch"])
+    if dev.type == "cuda" and "rng.cuda" in tensors:
+        torch.cuda.set_rng_state(tensors["rng.cuda"], dev)
+
+
 class ChannelTransformer(nn.Module):
     """Summed channel embeddings (+ [MASK] per channel) + positions -> transformer -> hidden [b, L, d]."""
 
@@ -211,6 +233,7 @@ class TokenModel:
     format = "tracesynth-token"
     config_cls: type[TokenConfig] = TokenConfig
     guides: ClassVar[bool] = False  # whether _fill takes a KernelGuide (sample(guide="kernel"))
+    contents: ClassVar[tuple[str, ...]] = ("config.json", "vocab.json", "*.safetensors")  # what save() writes
 
     def __init__(self, config: TokenConfig | None = None):
         self.config = config or self.config_cls()
@@ -221,6 +244,7 @@ class TokenModel:
         self.workloads: list[str] = []  # the workloads a conditional model learned, by index
         self.kernel = KernelFacts()  # what the training data decided about the kernel invariants (the guide's)
         self.history: dict[str, Any] = {}
+        self._train_state: dict[str, Any] | None = None  # {"meta": JSON-able, "tensors": {...}}: TokenModel.fit
 
     # -- what a subclass gives ----------------------------------------------------------------
     def _network(self) -> nn.Module:
@@ -326,21 +350,39 @@ class TokenModel:
         traces: Sequence[Trace],
         progress: Callable[[int, float], None] | None = None,
         init: TokenModel | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 200,
+        resume: bool = False,
     ) -> TokenModel:
         """Learn vocabularies, gap table and the network; stops at `steps` or `time_limit` seconds.
 
         With `init` (a fitted model of this class and network size, e.g. the shipped checkpoint), the network
         starts from its weights rather than random ones (`_warm_start`); the vocabularies, gap table and kernel
-        facts are still this data's own."""
+        facts are still this data's own.
+
+        With `checkpoint_dir`, the model is saved there every `checkpoint_every` steps with its training state
+        (`TRAIN_STATE`: optimizer, numpy and torch RNG states, step, seconds trained, the recent losses); such a
+        checkpoint loads and samples like any saved model. `resume=True` (on a model loaded from a checkpoint)
+        continues that training on the same traces: a killed and resumed fit ends where an unkilled one would,
+        at the same step with the same weights, and `time_limit` counts the seconds of both runs. The model keeps
+        its training state after fit and `save` writes it, so a finished fit can be resumed to more `steps`;
+        a model saved without one (the shipped models/all) can only be a fit's `init`."""
         cfg = self.config
         if not traces or not sum(len(t) for t in traces):
             raise TraceSynthError(f"{self.config.what}: no events to learn from")
+        start = self._resume_state(init) if resume else None
         if init is not None:
             self._check_init(init)
+        if checkpoint_dir is not None and checkpoint_every <= 0:
+            raise TraceSynthError(f"{cfg.what}: checkpoint_every must be > 0, got {checkpoint_every}")
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
+        saved = (self.codec.dumps(), list(self.workloads)) if start is not None else None
         self.codec = ChannelCodec.fit(traces, CHANNELS, max_tids=cfg.max_tids)
         self.workloads = sorted({self._workload_of(t) for t in traces}) if cfg.conditional else []
+        if saved is not None and saved != (self.codec.dumps(), self.workloads):
+            raise TraceSynthError(f"{cfg.what}: cannot resume: these traces' vocabulary differs from the "
+                                  "checkpoint's (resume on the traces it was fitted on)")  # fmt: skip
         self._fit_gap_table(traces, rng)
         if self.guides:
             self.kernel = KernelFacts.mine(traces)
@@ -348,13 +390,41 @@ class TokenModel:
         data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
         self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
         data = {c: v.to(dev) for c, v in data.items()}
-        self.model = self._network()
-        if init is not None:
-            self._warm_start(init)
+        if start is None:
+            self.model = self._network()
+            if init is not None:
+                self._warm_start(init)
         self.model.to(dev)
         opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+        if start is not None:
+            _restore(start, opt, rng, dev)
+        save = None if checkpoint_dir is None else (Path(checkpoint_dir), checkpoint_every)
+        self._train(data, opt, rng, start, progress, save)
+        return self
+
+    def _resume_state(self, init: TokenModel | None) -> dict[str, Any]:
+        """The training state fit(resume=True) continues from (a loaded checkpoint's)."""
+        if init is not None:
+            raise TraceSynthError(f"{self.config.what}: resume continues the checkpoint's network; it takes no init")
+        if self._train_state is None or self.model is None:
+            raise TraceSynthError(f"{self.config.what}: no training state to resume from (a model written by fit "
+                                  "with checkpoints has one; start from another model's weights with init)")
+        state = self._train_state
+        if state["meta"]["step"] >= self.config.steps:
+            raise TraceSynthError(f"{self.config.what}: already trained for {state['meta']['step']} steps; "
+                                  "ask for more steps")  # fmt: skip
+        return state
+
+    def _train(self, data: dict[str, torch.Tensor], opt: torch.optim.Optimizer, rng: np.random.Generator,
+               start: dict[str, Any] | None, progress: Callable[[int, float], None] | None,
+               save: tuple[Path, int] | None) -> None:
+        """The optimisation loop, from step 0 or from the training state `start`; `save`: (directory, every)."""
+        cfg = self.config
+        dev = next(self.model.parameters()).device
         n = len(data["event"])
-        t0, step, losses = time.perf_counter(), 0, []
+        before = start["meta"] if start is not None else {"step": 0, "seconds": 0.0, "losses": []}
+        step, losses = int(before["step"]), [float(x) for x in before["losses"]]
+        t0 = time.perf_counter() - float(before["seconds"])  # a resumed fit's time limit counts both runs
         self.model.train()
         while step < cfg.steps:
             elapsed = time.perf_counter() - t0
@@ -370,20 +440,37 @@ class TokenModel:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             opt.step()
             step += 1
-            losses.append(loss.item())
+            losses = [*losses[-(FINAL_LOSSES - 1):], loss.item()]  # final_loss is their mean
+            if save is not None and step % save[1] == 0 and step < cfg.steps:
+                self._snapshot(opt, rng, step, time.perf_counter() - t0, losses, n)
+                self.save(save[0])
             if progress is not None:
                 progress(step, losses[-1])
+        self._snapshot(opt, rng, step, time.perf_counter() - t0, losses, n)
         self.model.eval().cpu()  # sampling draws one event at a time: the CPU's work
-        seconds = time.perf_counter() - t0
+
+    def _snapshot(self, opt: torch.optim.Optimizer, rng: np.random.Generator, step: int, seconds: float,
+                  losses: list[float], windows: int) -> None:
+        """Set history and the training state to those after `step`."""
+        cfg = self.config
         self.history = {
             "steps": step,
             "train_seconds": seconds,
-            "windows": n,
+            "windows": windows,
             # events through the network per second of training (each step: batch_size windows of context)
             "train_events_per_s": step * cfg.batch_size * cfg.context / max(seconds, 1e-9),
-            "final_loss": float(np.mean(losses[-50:])) if losses else None,
+            "final_loss": float(np.mean(losses)) if losses else None,
         }
-        return self
+        sd = opt.state_dict()
+        tensors = {f"opt.{i}.{k}": torch.as_tensor(v).detach().cpu().clone() for i, st in sd["state"].items()
+                   for k, v in st.items()}  # fmt: skip
+        tensors["rng.torch"] = torch.get_rng_state()
+        dev = next(self.model.parameters()).device
+        if dev.type == "cuda":
+            tensors["rng.cuda"] = torch.cuda.get_rng_state(dev)
+        meta = {"step": step, "seconds": seconds, "losses": list(losses), "numpy_rng": rng.bit_generator.state,
+                "param_groups": sd["param_groups"]}  # fmt: skip
+        self._train_state = {"meta": meta, "tensors": tensors}
 
     def token_names(self, channel: str) -> list[str]:
         """What each token of a channel stands for (dt: its gap bucket)."""
@@ -544,6 +631,8 @@ class TokenModel:
 
     # -- storage ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
+        """Write config.json, vocab.json, model.safetensors, gaps.safetensors and, after a fit, the training state
+        (`TRAIN_STATE`) atomically; config.json holds the sha256 of each tensor file (checked by load)."""
         if self.model is None:
             raise TraceSynthError(f"{self.config.what}: save() before fit()")
         directory = Path(directory)
@@ -551,35 +640,85 @@ class TokenModel:
                 "kernel": asdict(self.kernel), "history": self.history}
         tensors = {f"gap_{k}": torch.from_numpy(v) for k, v in self.gap_table.items()}
         tensors.update({f"seen_{c}": v for c, v in self.seen.items()})
-        with atomic_path(directory, directory=True, contents=("config.json", "vocab.json", "*.safetensors")) as tmp:
-            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
+        weights = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        with atomic_path(directory, directory=True, contents=self.contents) as tmp:
             (tmp / "vocab.json").write_text(self.codec.dumps())
-            save_file(self.model.state_dict(), str(tmp / "model.safetensors"), metadata={"format": self.format})
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": self.format})
             save_file(tensors, str(tmp / "gaps.safetensors"))
+            if self._train_state is not None:
+                save_file(self._train_state["tensors"], str(tmp / TRAIN_STATE))
+                meta["train_state"] = self._train_state["meta"]
+            meta[HASHES] = file_hashes(tmp, TENSOR_FILES)
+            (tmp / "config.json").write_text(json.dumps(meta, indent=1))  # last: it vouches for the others
             tmp.chmod(0o755)
         return directory
 
     @classmethod
     def load(cls, directory: str | Path) -> TokenModel:
+        """Read a model written by save(); a damaged or foreign file is one TraceSynthError naming it."""
         directory = Path(directory)
         what = cls.config_cls.what
         try:
             meta = json.loads((directory / "config.json").read_text())
             if not isinstance(meta, dict) or meta.get("format") != cls.format:
                 raise TraceSynthError(f"config.json is not a {cls.format} model", directory)
+            verify_hashes(directory, meta)
             self = cls(cls.config_cls(**meta["config"]))
             self.history = dict(meta.get("history") or {})
             self.workloads = [str(w) for w in meta.get("workloads") or []]
             self.kernel = KernelFacts.from_json(meta.get("kernel"))
             self.codec = ChannelCodec.from_json(json.loads((directory / "vocab.json").read_text()))
-            tables = load_file(str(directory / "gaps.safetensors"))
-            self.gap_table = {k[4:]: v.numpy() for k, v in tables.items() if k.startswith("gap_")}
-            self.seen = {c: tables[f"seen_{c}"] for c in CHANNELS}
+            self._load_tables(directory / "gaps.safetensors")
+            with torch.device("meta"):  # the shapes the config implies, without allocating them
+                want = {k: tuple(v.shape) for k, v in self._network().state_dict().items()}
+            weights = load_file(str(directory / "model.safetensors"))
+            check_shapes(directory / "model.safetensors", weights, want)
             self.model = self._network()
-            self.model.load_state_dict(load_file(str(directory / "model.safetensors")))
+            self.model.load_state_dict(weights)
+            if (directory / TRAIN_STATE).is_file():
+                self._load_train_state(directory / TRAIN_STATE, meta.get("train_state"))
         except TraceSynthError as exc:
             raise exc if exc.path else TraceSynthError(str(exc), directory) from None
         except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
             raise TraceSynthError(f"not a {what} model ({type(exc).__name__}: {exc})", directory) from None
         self.model.eval()
         return self
+
+    def _load_tables(self, path: Path) -> None:
+        """The gap table and the seen tokens, checked against the vocabulary."""
+        tables = load_file(str(path))
+        n_gaps = len(tables["gap_gaps"]) if "gap_gaps" in tables else 0
+        n_keys = len(tables["gap_keys"]) if "gap_keys" in tables else 0
+        want = {f"seen_{c}": (v,) for c, v in self.vocab.items()}
+        want.update({"gap_keys": (n_keys,), "gap_offsets": (n_keys + 1,), "gap_gaps": (n_gaps,)})
+        check_shapes(path, tables, want)
+        for name, t in tables.items():
+            dtype = torch.bool if name.startswith("seen_") else torch.int64
+            if t.dtype != dtype:
+                raise TraceSynthError(f"tensor {name} is {t.dtype}, the model wants {dtype}", path)
+        keys, off = tables["gap_keys"], tables["gap_offsets"]
+        in_range = not n_keys or 0 <= int(keys[0]) <= int(keys[-1]) < self.vocab["event"] * N_DT
+        ordered = not bool((off.diff() < 0).any()) and not bool((keys.diff() <= 0).any())
+        if int(off[0]) != 0 or int(off[-1]) != n_gaps or not ordered or not in_range:
+            raise TraceSynthError("the gap table is not sorted or its offsets do not fit (a damaged file)", path)
+        self.gap_table = {k[4:]: v.numpy() for k, v in tables.items() if k.startswith("gap_")}
+        self.seen = {c: tables[f"seen_{c}"] for c in CHANNELS}
+
+    def _load_train_state(self, path: Path, meta: Any) -> None:
+        """A checkpoint's training state (`_snapshot`), its shapes checked against the network's parameters."""
+        tensors = load_file(str(path))
+        keys = ("step", "seconds", "losses", "numpy_rng", "param_groups")
+        if not isinstance(meta, dict) or any(k not in meta for k in keys):
+            raise TraceSynthError(f"config.json: train_state must hold {', '.join(keys)}", path.parent)
+        if not isinstance(meta["step"], int) or meta["step"] < 0 or not isinstance(meta["losses"], list):
+            raise TraceSynthError("config.json: train_state's step or losses is not valid", path.parent)
+        want: dict[str, tuple[int, ...]] = {"rng.torch": tuple(torch.get_rng_state().shape)}
+        if "rng.cuda" in tensors:
+            want["rng.cuda"] = tuple(tensors["rng.cuda"].shape)
+        if any(k.startswith("opt.") for k in tensors):
+            for i, p in enumerate(self.model.parameters()):
+                want.update({f"opt.{i}.exp_avg": tuple(p.shape), f"opt.{i}.exp_avg_sq": tuple(p.shape),
+                             f"opt.{i}.step": ()})  # fmt: skip
+        check_shapes(path, tensors, want)
+        np.random.default_rng().bit_generator.state = meta["numpy_rng"]  # a bad state fails here, not on resume
+        self._train_state = {"meta": meta, "tensors": tensors}

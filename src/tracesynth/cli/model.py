@@ -41,10 +41,17 @@ def fit(
     d_model: int = typer.Option(None, "--d-model", help="Transformer width; if not given 128 for ar, else 64."),
     layers: int = typer.Option(2, "--layers", help="Transformer blocks."),
     lr: float = typer.Option(None, "--lr", help="Peak learning rate; if not given 0.001 for ar, else 0.003."),
-    checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Write the model every N steps."),
+    checkpoint_every: int = typer.Option(
+        200, "--checkpoint-every", min=1, help="ar, masked, diffusion: write a checkpoint to -o every N steps (a "
+        "loadable, sampleable model with its training state)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and noise."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue training the model in -o from its last checkpoint."),
+    resume: bool = typer.Option(
+        False, "--resume", help="ar, masked, diffusion: continue training the model in -o from its last checkpoint "
+        "on the same traces (a fresh fit if -o holds none); its network and recipe are the checkpoint's, --steps "
+        "and --time-limit count the steps and seconds of both runs. Not markov (it fits in one pass)."
+    ),
     conditional: bool = typer.Option(
         False, "--conditional", help="masked/ar: one model for the traces' workloads (sample it with --workload)."
     ),
@@ -78,24 +85,31 @@ def fit(
     """
     from tracesynth.io import read_trace
 
-    start = None
-    if init is not None:
-        start = load_generator(init)
-        kind = kind if _given(ctx, "kind") else start.name
+    start = load_generator(init) if init is not None else None
+    saved = saved_kind(output) if resume and _holds_model(output) else None
+    if saved is not None and start is not None:
+        raise TraceSynthError("--init and --resume: a resumed fit continues its checkpoint's network; drop --init")
+    if start is not None or saved is not None:
+        kind = kind if _given(ctx, "kind") else (saved or start).name
     gen_kind = get_kind(kind)
-    defaults = _DEFAULTS.get(gen_kind.name, _DEFAULTS["other"])  # for the size and optimiser options not given
-    context = defaults["context"] if context is None else context
-    batch_size = defaults["batch_size"] if batch_size is None else batch_size
-    d_model = defaults["d_model"] if d_model is None else d_model
-    lr = defaults["lr"] if lr is None else lr
     if gen_kind.cls is None:
         raise TraceSynthError(f"a {kind} generator cannot be saved; score it in a pipeline config instead")
+    if saved is not None and saved.name != gen_kind.name:
+        raise TraceSynthError(f"--resume: it holds a {saved.name} model, not a {kind} one", output)
+    if resume and gen_kind.name == "markov":
+        raise TraceSynthError("--resume applies to ar, masked and diffusion models: a markov one fits in one pass")
     if conditional and gen_kind.name not in ("masked", "ar"):
         raise TraceSynthError(f"--conditional applies to masked and ar models, not a {kind} one")
-    if start is not None and gen_kind.name == "diffusion":
-        raise TraceSynthError("--init applies to masked and ar models, not a diffusion one (use --resume)")
-    if resume and gen_kind.name != "diffusion":
-        raise TraceSynthError(f"--resume continues a diffusion model's training, not a {kind} one")
+    if start is not None and gen_kind.name not in ("masked", "ar"):
+        raise TraceSynthError(f"--init applies to masked and ar models, not a {kind} one"
+                              + (" (use --resume)" if gen_kind.name == "diffusion" else ""))
+    _check_output(output, gen_kind)  # before the training, not after it
+    defaults = _DEFAULTS.get(gen_kind.name, _DEFAULTS["other"])  # for the size and optimiser options not given
+    opts = {"context": context, "channels": channels, "steps": steps, "time_limit": time_limit,
+            "batch_size": batch_size, "patch": patch, "stride": stride, "d_model": d_model, "layers": layers,
+            "lr": lr, "checkpoint_every": checkpoint_every, "seed": seed, "device": device,
+            "conditional": conditional, "order": order}  # fmt: skip
+    opts.update({k: defaults[k] for k in defaults if opts[k] is None})
     _set_threads(threads)
     traces = [read_trace(p) for p in data]
     if anonymize:
@@ -106,52 +120,98 @@ def fit(
             raise TraceSynthError("--anonymize under torchrun needs --salt (every process must hash alike)")
         key = salt_or_random(salt)  # one salt for all traces: the same program gets the same label in each
         traces = [anonymize_trace(t, key) for t in traces]
-    if gen_kind.name != "diffusion":
-        if gen_kind.name in ("masked", "ar"):
-            token_cfg = {"context": context, "steps": steps, "time_limit": time_limit or None, "lr": lr,
-                         "d_model": d_model, "n_layers": layers, "batch_size": batch_size, "seed": seed,
-                         "conditional": conditional, "device": device, "channels": channels}
-            if start is not None:
-                token_cfg = _init_config(ctx, start, gen_kind.name, token_cfg, init)
-            gen = make_generator({"kind": gen_kind.name, "config": token_cfg})
-            _fit_with_progress(gen, traces, start, token_cfg)
-            what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
-        else:
-            if start is not None:
-                raise TraceSynthError(f"--init applies to masked and ar models, not a {kind} one")
-            gen = make_generator({"kind": kind, "order": order}).fit(traces)
-            what = f"{gen.n_params:,} table entries"
-        gen.save(output)
-        origin = f", started from {init}" if start is not None else ""
-        console.print(f"{output}: {gen.name} fitted on {sum(len(t) for t in traces):,} events{origin}, {what}")
+    if gen_kind.name == "diffusion":
+        _fit_diffusion(traces, output, opts, resume=saved is not None)
         return
+    if gen_kind.name in ("masked", "ar"):
+        gen = _fit_token(ctx, gen_kind.name, traces, output, opts, start, init, resume=saved is not None)
+        what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
+    else:
+        gen = make_generator({"kind": kind, "order": order}).fit(traces)
+        what = f"{gen.n_params:,} table entries"
+    gen.save(output)
+    origin = f", started from {init}" if start is not None else ""
+    origin += ", resumed" if saved is not None else ""
+    console.print(f"{output}: {gen.name} fitted on {sum(len(t) for t in traces):,} events{origin}, {what}")
+
+
+def _holds_model(output: Path) -> bool:
+    """Whether -o is a model directory to resume (rather than a new, empty or missing one)."""
+    return output.is_dir() and (output / "config.json").exists()
+
+
+def _check_output(output: Path, gen_kind) -> None:
+    """Refuse up front an -o the model could not be written to (a path under a file, a directory holding
+    other files): the refusal `atomic_path` gives when the model is saved, but before the training."""
+    import atomicio
+
+    above = output.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise atomicio.OutputPathError(above, "is not a directory; the model cannot be written under it")
+    contents = getattr(gen_kind.cls(), "contents", None) or _CONTENTS.get(gen_kind.name)
+    atomicio._check_replaceable(output, True, contents)  # the very check atomic_path makes when it saves
+
+
+# what a model directory of a kind without a `contents` attribute holds (atomic_path's `contents`)
+_CONTENTS = {"markov": ("config.json", "tables.safetensors")}
+
+
+def _fit_token(ctx: typer.Context, kind: str, traces: list, output: Path, opts: dict, start, init: Path | None,
+               resume: bool):  # fmt: skip
+    """Fit (or, with `resume`, continue fitting) a masked or ar model, checkpointing into `output`."""
+    if resume:
+        gen = load_generator(output)
+        done = gen.history.get("steps") or 0
+        if done >= opts["steps"]:
+            raise TraceSynthError(f"already trained for {done} steps; ask for more with --steps", output)
+        gen.config.steps, gen.config.device = opts["steps"], opts["device"]
+        gen.config.time_limit = opts["time_limit"] or None
+        console.print(f"resuming {output} at step {done}")
+        cfg = {"steps": opts["steps"], "time_limit": gen.config.time_limit}
+    else:
+        cfg = {"context": opts["context"], "steps": opts["steps"], "time_limit": opts["time_limit"] or None,
+               "lr": opts["lr"], "d_model": opts["d_model"], "n_layers": opts["layers"],
+               "batch_size": opts["batch_size"], "seed": opts["seed"], "conditional": opts["conditional"],
+               "device": opts["device"], "channels": opts["channels"]}  # fmt: skip
+        if start is not None:
+            cfg = _init_config(ctx, start, kind, cfg, init)
+        gen = make_generator({"kind": kind, "config": cfg})
+    _fit_with_progress(gen, traces, start, cfg, checkpoint_dir=output, checkpoint_every=opts["checkpoint_every"],
+                       resume=resume)  # fmt: skip
+    return gen
+
+
+def _fit_diffusion(traces: list, output: Path, opts: dict, resume: bool) -> None:
     from tracesynth.diffusion import TraceSynth, TraceSynthConfig
     from tracesynth.diffusion.synth import is_main_process
 
-    if resume and output.exists():
+    if resume:
         synth = TraceSynth.load(output)
-        if synth.step >= steps:
+        if synth.step >= opts["steps"]:
             raise TraceSynthError(f"already trained for {synth.step} steps; ask for more with --steps", output)
-        synth.config.steps = steps
-        synth.config.device = device
-        synth.config.time_limit = time_limit
+        synth.config.steps = opts["steps"]
+        synth.config.device = opts["device"]
+        synth.config.time_limit = opts["time_limit"]
+        synth.config.checkpoint_every = opts["checkpoint_every"]
         if is_main_process():
             console.print(f"resuming {output} at step {synth.step}")
     else:
         cfg = TraceSynthConfig(
-            context=context,
-            channels=channels,
-            steps=steps,
-            time_limit=time_limit,
-            batch_size=batch_size,
-            patch=patch or None,
-            stride=stride or None,
-            d_model=d_model,
-            n_layers=layers,
-            lr=lr,
-            checkpoint_every=checkpoint_every,
-            seed=seed,
-            device=device,
+            context=opts["context"],
+            channels=opts["channels"],
+            steps=opts["steps"],
+            time_limit=opts["time_limit"],
+            batch_size=opts["batch_size"],
+            patch=opts["patch"] or None,
+            stride=opts["stride"] or None,
+            d_model=opts["d_model"],
+            n_layers=opts["layers"],
+            lr=opts["lr"],
+            checkpoint_every=opts["checkpoint_every"],
+            seed=opts["seed"],
+            device=opts["device"],
         )
         synth = TraceSynth(cfg)
     synth.fit(traces, checkpoint_dir=output, progress=True)
@@ -172,7 +232,7 @@ _DEFAULTS = {
 }
 
 
-def _fit_with_progress(gen, traces: list, start, cfg: dict) -> None:
+def _fit_with_progress(gen, traces: list, start, cfg: dict, **fit_args) -> None:
     """Fit a token model with a progress bar: steps done of `steps`, loss, time (and its limit)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -181,7 +241,8 @@ def _fit_with_progress(gen, traces: list, start, cfg: dict) -> None:
                TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TextColumn(limit))  # fmt: skip
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("fit", total=cfg["steps"], loss=float("nan"))
-        gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start)
+        gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start,
+                **fit_args)
 
 
 def _given(ctx: typer.Context, param: str) -> bool:

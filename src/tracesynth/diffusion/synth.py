@@ -40,6 +40,7 @@ class TraceSynth:
     """
 
     name = "diffusion"
+    contents = FILES  # what save() writes
 
     def __init__(self, config: TraceSynthConfig | None = None):
         self.config = config or TraceSynthConfig()
