@@ -23,8 +23,8 @@ PACKAGES = ("tracesynth", "dooly", "atomicio")
 #: dooly's layers, lowest first; a module may import from its own layer and the ones below. An entry names a
 #: module or a package (and everything under it); the longest matching entry places a module.
 DOOLY_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # what everything shares: errors, numbers, the request/batch entities, byte units, model configs
-    ("core", ("errors", "stats", "batch", "units", "zoo")),
+    # what everything shares: errors, numbers, the request/batch entities, byte units, config digests, model configs
+    ("core", ("errors", "stats", "batch", "units", "digest", "zoo")),
     # the inference engines depend only on core
     ("engines", ("engines",)),
     # tracing a model through an engine into operator signatures

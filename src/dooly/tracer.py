@@ -22,8 +22,6 @@ There is no per-architecture code here, in :mod:`dooly.taint` or in :mod:`dooly.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 import traceback
@@ -37,6 +35,7 @@ import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import UnsupportedOperatorException
 
+from dooly.digest import config_hash
 from dooly.engines import Engine, RequestShape, get_engine
 from dooly.errors import DoolyError, one_line
 from dooly.signature import PHASES, ModelTrace, OpRecord, layer_of
@@ -49,14 +48,6 @@ DEFAULT_HINTS: dict[str, dict[str, int]] = {
     "decode": {"requests": 3, "kv_len": 113},
     "chunk": {"requests": 3, "tokens": 37, "kv_len": 113},
 }
-
-
-def config_hash(config: Mapping[str, Any]) -> str:
-    """Stable digest of a config dict (what the model is, not where it came from)."""
-    body = {k: v for k, v in config.items() if not k.startswith("_")}
-    # canonical_json's spelling, but a config may hold an infinite float (an SSM's time-step limit)
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @contextmanager

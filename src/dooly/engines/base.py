@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dooly.errors import DoolyError
+from dooly.units import dtype_bytes, size
 
 if TYPE_CHECKING:
-    from dooly.simulator.entities import Request, ScheduledBatch
+    from dooly.batch import Request, ScheduledBatch
 
 
 def fake_mode_active() -> bool:
@@ -139,8 +140,6 @@ class Engine(ABC):
         memory cannot hold: building them would end in the kernel's OOM killer (a bare "Killed", and maybe other
         processes with it), not an error. A model cut to ``num_layers`` (smaller than the whole, which this checks)
         or built on fake tensors passes."""
-        from dooly.simulator.memory import dtype_bytes, size  # lazily: the memory model imports the engines
-
         if num_layers is not None or fake_mode_active():
             return
         free = free_memory_bytes(self.device)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from dooly.engines.base import Engine, RequestShape, fake_mode_active
+from dooly.engines.hf_compat import cache_kwarg
 from dooly.errors import DoolyError, one_line
 
 
@@ -193,11 +194,7 @@ class HFEagerEngine(Engine):
 
     # -- one forward pass -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def _cache_kwarg(model: Any) -> str:
-        # transformers 5.x renamed ``past_key_values`` to ``cache``; use whichever this model's forward takes
-        params = inspect.signature(model.forward).parameters
-        return "cache" if "cache" in params else "past_key_values"
+    _cache_kwarg = staticmethod(cache_kwarg)  # `cache`, or `past_key_values` in older transformers releases
 
     def prepare(self, model: Any, shape: RequestShape) -> dict[str, Any]:
         import torch

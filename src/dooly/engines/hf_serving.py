@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dooly.batch import Request, ScheduledBatch
+from dooly.engines.hf_compat import cache_kwarg
 from dooly.errors import DoolyError
-from dooly.simulator.entities import Request, ScheduledBatch
 
 
 class HFExecutor:
@@ -28,10 +29,8 @@ class HFExecutor:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        from dooly.engines.hf import HFEagerEngine
-
         self.model = model
-        self.cache_kw = HFEagerEngine._cache_kwarg(model)  # `cache`, or `past_key_values` in older releases
+        self.cache_kw = cache_kwarg(model)  # `cache`, or `past_key_values` in older releases
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.cfg = cfg
         probe = DynamicCache(config=cfg)

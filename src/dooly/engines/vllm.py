@@ -106,8 +106,8 @@ class VLLMEngine(Engine):
 
     def _model_dir(self, config: Mapping[str, Any], num_layers: int | None) -> Path:
         """A model directory holding the config as vLLM reads it (``architectures`` from transformers' mapping)."""
+        from dooly.digest import config_hash
         from dooly.engines.hf import causal_lm_architectures
-        from dooly.tracer import config_hash
 
         key = f"{config_hash(config)}-{num_layers}"
         if key not in self._dirs:

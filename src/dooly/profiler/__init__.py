@@ -4,14 +4,16 @@ The plan (:mod:`~dooly.profiler.plan`) is a list of independent jobs, one per fo
 signatures not yet complete in the profile DB; a job (:mod:`~dooly.profiler.runner`) materialises inputs of
 the signature's concrete shapes, warms up, times the operator with the device's clock
 (:mod:`~dooly.profiler.timing`) and commits every finished point to the :class:`~dooly.store.ProfileStore`
-at once, so a killed run resumes where it stopped. Jobs run in-process by default, or on a Ray cluster
-(:mod:`~dooly.profiler.cluster`). Real forwards of the whole model calibrate the framework overhead
-(:mod:`~dooly.profiler.calibrate`); :mod:`~dooly.profiler.savings` prices what reuse saved.
+at once, so a killed run resumes where it stopped. :func:`~dooly.profiler.run.run_plan` runs the jobs
+in-process by default, or on a Ray cluster (:mod:`~dooly.profiler.cluster`). Real forwards of the whole model
+calibrate the framework overhead (:mod:`~dooly.profiler.calibrate`); :mod:`~dooly.profiler.savings` prices what
+reuse saved.
 """
 
 from dooly.profiler.calibrate import CALIBRATION_ROUNDS, CALIBRATION_SHAPES, calibrate
 from dooly.profiler.plan import GridSpec, Job, ModelPlan, Plan, make_plan, shapes_within
-from dooly.profiler.runner import JobRunner, failures, run_plan
+from dooly.profiler.run import run_plan
+from dooly.profiler.runner import JobRunner, failures
 from dooly.profiler.savings import ModelCost, Savings, profiled_savings, savings
 from dooly.profiler.timing import (
     TimerConfig,

@@ -6,13 +6,13 @@ from typing import Any
 
 from dooly.errors import DoolyError
 from dooly.profiler.plan import Job
+from dooly.profiler.runner import JobRunner
 from dooly.profiler.timing import TimerConfig, context_for, fixed_threads
 from dooly.store import ProfileStore
 
 
 def _ray_job(job: Job, db_path: str, engine_spec: dict[str, Any], timer: TimerConfig, threads: int | None) -> float:
     from dooly.engines import get_engine
-    from dooly.profiler.runner import JobRunner  # the runner imports this module
 
     engine = get_engine(**engine_spec)
     with ProfileStore(db_path) as store, fixed_threads(threads):

@@ -1,13 +1,12 @@
-"""Running a plan's jobs: an engine-built forward context, materialised inputs, timing, commit per point.
+"""Running one job of a plan: an engine-built forward context, materialised inputs, timing, commit per point.
 
-Jobs run in-process by default, or on a Ray cluster (:mod:`dooly.profiler.cluster`).
+:func:`dooly.profiler.run.run_plan` runs a whole plan's jobs, in-process or on a Ray cluster.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -16,16 +15,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dooly.engines import Engine, RequestShape
 from dooly.errors import DoolyError
-from dooly.profiler.cluster import run_on_ray
-from dooly.profiler.plan import Job, Plan
-from dooly.profiler.savings import record_profiled
+from dooly.profiler.plan import Job
 from dooly.profiler.timing import (
     CLOCKS,
-    PAGE_COST_KEY,
     TimerConfig,
     clock_of,
-    fixed_threads,
-    measure_page_cost,
     reused_pages,
     time_calls,
 )
@@ -298,49 +292,3 @@ def _log_failure(sig: Signature, values: Mapping[str, int], exc: Exception) -> N
 def failures() -> list[str]:
     """Ops that could not be timed standalone in this process (reported by the CLI)."""
     return list(_FAILURES)
-
-
-def _finish(plan: Plan, store: ProfileStore) -> int:
-    """Mark every planned signature whose grid is fully measured as complete; return how many are."""
-    n = 0
-    for key, size in plan.grid_size.items():
-        if key in plan.known:
-            continue
-        if len(store.done_points(plan.ctx, key)) >= size:
-            store.mark_complete(plan.ctx, key)
-            n += 1
-    return n
-
-
-def run_plan(
-    plan: Plan,
-    store: ProfileStore,
-    engine: Engine,
-    *,
-    timer: TimerConfig | None = None,
-    threads: int | None = None,
-    ray_address: str | None = None,
-    on_job: Callable[[Job, float], None] | None = None,
-) -> dict[str, Any]:
-    """Execute the plan's jobs; every finished point is already committed when this returns or dies."""
-    t0 = time.perf_counter()
-    if ray_address:
-        spent = run_on_ray(plan, store, engine, timer, threads, ray_address, on_job)
-        stats: dict[str, Any] = {}
-    else:
-        runner = JobRunner(engine, store, plan.ctx, timer)
-        spent = 0.0
-        with fixed_threads(threads):
-            for job in plan.jobs:
-                s = runner.run(job)
-                spent += s
-                if on_job:
-                    on_job(job, s)
-        stats = dict(runner.stats)
-        if not engine.device.startswith("cuda") and not store.forwards(plan.ctx, PAGE_COST_KEY[0]):
-            # the page faults the op timings leave out, priced once per machine (see timing.reused_pages)
-            with fixed_threads(threads):
-                store.put_forward(plan.ctx, *PAGE_COST_KEY, measure_page_cost(clock=clock_of(plan.ctx)))
-    stats.update({"device_s": spent, "wall_s": time.perf_counter() - t0, "completed": _finish(plan, store)})
-    record_profiled(plan, store)
-    return stats

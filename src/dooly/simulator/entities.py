@@ -1,4 +1,5 @@
-"""Simulator entities: a request's life through the replica, the KV-cache block pool, one scheduled iteration.
+"""Simulator entities: the KV-cache block pool and the record of one iteration; a request's life through the
+replica and one scheduled iteration live in :mod:`dooly.batch` (the engines' executors run them too).
 
 A request's tokens are its prompt followed by what it has generated so far. ``computed`` counts the tokens
 whose keys/values are in the KV cache. A request is in *prefill* until every known token is computed (the
@@ -10,54 +11,9 @@ prompt plus everything generated so far is prefilled again before the next token
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dooly.batch import Batch
-
-
-@dataclass(eq=False)
-class Request:
-    """One request; the first four fields describe it, the rest is mutable serving state."""
-
-    id: int
-    arrival: float  # seconds
-    prompt_tokens: int
-    output_tokens: int
-    computed: int = 0  # tokens whose KV is cached
-    generated: int = 0
-    prefill_done: bool = False
-    kv_blocks: int = 0  # blocks held in the replica's pool
-    first_scheduled: float | None = None
-    first_token: float | None = None
-    finished: float | None = None
-    preemptions: int = 0
-    replica: int = -1  # where the router sent it (-1 until routed)
-    token_times: list[float] = field(default_factory=list)  # when each output token was sampled
-
-    def __post_init__(self) -> None:
-        if self.prompt_tokens < 1 or self.output_tokens < 1:
-            raise ValueError(f"request {self.id}: prompt and output tokens must be >= 1")
-
-    @property
-    def context_len(self) -> int:
-        """Tokens known so far (prompt + generated)."""
-        return self.prompt_tokens + self.generated
-
-    @property
-    def remaining_prefill(self) -> int:
-        """Tokens still to compute before the next token can be sampled (0 when decoding)."""
-        return 0 if self.prefill_done else self.context_len - self.computed
-
-    @property
-    def is_finished(self) -> bool:
-        return self.generated >= self.output_tokens
-
-    def preempt(self) -> None:
-        """Recompute preemption: the cache is gone, everything known must be prefilled again."""
-        self.computed = 0
-        self.prefill_done = False
-        self.kv_blocks = 0
-        self.preemptions += 1
+from dooly.batch import Request, ScheduledBatch
 
 
 class KVCache:
@@ -94,34 +50,6 @@ class KVCache:
 
 
 @dataclass
-class ScheduledBatch:
-    """One iteration chosen by the scheduler: prefill chunks (request, new tokens) and decoding requests."""
-
-    prefill: list[tuple[Request, int]] = field(default_factory=list)
-    decode: list[Request] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)  # requests evicted while building it
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefill and not self.decode
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefill) + len(self.decode)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.prefill) + len(self.decode)
-
-    def to_batch(self) -> Batch:
-        """The predictor's view: (new, cached) per prefill chunk, KV length per decode (before this token)."""
-        return Batch(
-            prefill=tuple((n, r.computed) for r, n in self.prefill),
-            decode=tuple(r.computed for r in self.decode),
-        )
-
-
-@dataclass
 class IterationRecord:
     """What happened in one iteration of one replica (for batch-size and KV-usage-over-time metrics)."""
 
@@ -149,3 +77,6 @@ class IterationRecord:
             kv_blocks_total=kv.num_blocks,
             preempted=len(batch.preempted),
         )
+
+
+__all__ = ["IterationRecord", "KVCache", "Request", "ScheduledBatch"]
