@@ -79,8 +79,7 @@ def _want_column(sd: StreamData, j: int, w: Want) -> tuple[np.ndarray, np.ndarra
         for slot in slots:
             k = dec.slots[key].index(slot)
             if level == "packet.context":
-                got = np.repeat(_values([pv[k] for _, _, pv in sd.packets], w.kind),
-                                [c for _, c, _ in sd.packets])  # fmt: skip
+                got = np.repeat(_values([pv[k] for _, _, pv in sd.packets], w.kind), [c for _, c, _ in sd.packets])
             else:
                 got = _values([r[k + 1] for r in sd.common], w.kind)
             sel = rows if len(slots) == 1 else rows[[dec.sources[int(eids[at[r]])][j][1] == slot for r in rows]]
@@ -196,8 +195,13 @@ def decode_trace(path: str | Path, wants: Sequence[Want]) -> dict[str, Any]:
         vals = np.concatenate([c[0] for c in cols[j]]) if cols[j] else np.zeros(0, dtype=np.int64)
         valid = np.concatenate([c[1] for c in cols[j]]) if cols[j] else np.zeros(0, dtype=bool)
         merged.append((vals[order], valid[order]))
-    return {"ts": None if clockless else ts[order], "event": event, "names": list(names),
-            "cpu": merged[-1], "columns": merged[:-1]}  # fmt: skip
+    return {
+        "ts": None if clockless else ts[order],
+        "event": event,
+        "names": list(names),
+        "cpu": merged[-1],
+        "columns": merged[:-1],
+    }
 
 
 def _str_column(vals: np.ndarray, valid: np.ndarray) -> pa.Array:
@@ -247,5 +251,10 @@ def native_ctf_metadata(path: str | Path) -> dict[str, Any]:
             ctx |= set(member_names(ev.context, strip))
             fields.setdefault(ev.name, set()).update(member_names(ev.payload, strip))
     clocks = [dict(c.info) or {"name": c.name, "freq": c.freq} for c in tc.clocks.values() if c.info]
-    return {"env": dict(tc.env), "clocks": clocks, "uuid": tc.uuid, "context_fields": sorted(ctx),
-            "event_fields": fields}  # fmt: skip
+    return {
+        "env": dict(tc.env),
+        "clocks": clocks,
+        "uuid": tc.uuid,
+        "context_fields": sorted(ctx),
+        "event_fields": fields,
+    }

@@ -117,8 +117,13 @@ def _text(raw: bytes) -> bytes:
     return raw if e < 0 else raw[:e]
 
 
-_NS: dict[str, Any] = {"_bits": _bits, "_leb128": _leb128, "_cstr": _cstr, "_text": _text,
-                       "CtfDecodeError": CtfDecodeError}  # fmt: skip
+_NS: dict[str, Any] = {
+    "_bits": _bits,
+    "_leb128": _leb128,
+    "_cstr": _cstr,
+    "_text": _text,
+    "CtfDecodeError": CtfDecodeError,
+}
 _FMT = {8: "B", 16: "H", 32: "I", 64: "Q"}
 _FMT_BYTES = (1, 2, 4, 8)
 

@@ -88,10 +88,19 @@ class _Builder:
             size = int(d["length"])
             if not 0 < size <= 64:
                 raise TsdlError(f"fixed-length field of {size} bits is not within 1..64")
-            return self._int(d, Int(size, align, "signed" in kind, little, int(d.get("preferred-display-base", 10))),
-                             clock)  # fmt: skip
+            return self._int(
+                d,
+                Int(
+                    size,
+                    align,
+                    kind.startswith("fixed-length-signed"),
+                    little,
+                    int(d.get("preferred-display-base", 10)),
+                ),
+                clock,
+            )
         if isinstance(kind, str) and kind.startswith(("variable-length-unsigned", "variable-length-signed")):
-            return self._int(d, Int(64, 8, "signed" in kind, True, varlen=True), clock)
+            return self._int(d, Int(64, 8, kind.startswith("variable-length-signed"), True, varlen=True), clock)
         if kind == "fixed-length-floating-point-number":
             return Float(int(d["length"]), align, little)
         if kind == "null-terminated-string":
@@ -112,8 +121,11 @@ class _Builder:
             return Array(self.fc(d["element-field-class"], clock), n, align)
         if kind == "optional":
             ranges = d.get("selector-field-ranges")
-            return Optional(_location(d["selector-field-location"]), self.fc(d["field-class"], clock),
-                            [tuple(r) for r in ranges] if ranges is not None else None)  # fmt: skip
+            return Optional(
+                _location(d["selector-field-location"]),
+                self.fc(d["field-class"], clock),
+                [tuple(r) for r in ranges] if ranges is not None else None,
+            )
         if kind == "variant":
             opts = []
             for o in d["options"]:
@@ -193,9 +205,11 @@ def _fragment(t: TraceClass, b: _Builder, clock_ids: dict[str, str], frag: dict[
         if cid is not None and clock is None:
             raise TsdlError(f"data stream class names unknown clock class {cid!r}")
         sc = StreamClass(int(frag.get("id", 0)), clock=clock)
-        for key, attr in (("packet-context-field-class", "packet_context"),
-                          ("event-record-header-field-class", "event_header"),
-                          ("event-record-common-context-field-class", "event_context")):  # fmt: skip
+        for key, attr in (
+            ("packet-context-field-class", "packet_context"),
+            ("event-record-header-field-class", "event_header"),
+            ("event-record-common-context-field-class", "event_context"),
+        ):
             if key in frag:
                 setattr(sc, attr, b.fc(frag[key], clock))
         t.streams[sc.id] = sc

@@ -148,8 +148,13 @@ def compile_stream(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> Stream
     """Generate and compile the decoders of one stream class."""
     sources, need, per_event, _ = _sources(tc, sc, wants)
     ns: dict[str, Any] = {}
-    refs = ref_names(tc.packet_header, sc.packet_context, sc.event_header, sc.event_context,
-                     *(e for ev in sc.events.values() for e in (ev.context, ev.payload)))  # fmt: skip
+    refs = ref_names(
+        tc.packet_header,
+        sc.packet_context,
+        sc.event_header,
+        sc.event_context,
+        *(e for ev in sc.events.values() for e in (ev.context, ev.payload)),
+    )
     src: list[str] = []
     # packet header and context
     pk_slots = sorted(need["packet.context"].items())
@@ -182,9 +187,15 @@ def compile_stream(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> Stream
     e.emit("T(clk)")
     e.emit("I(_id)")
     e.emit("n += 1")
-    src += ["def run(buf, p, end, clk, n, T, I, C):", "    while p < end:", *e.lines,
-            "    if p > end:", "        raise CtfDecodeError('an event record crosses the end of its packet')",
-            "    return clk, n", ""]  # fmt: skip
+    src += [
+        "def run(buf, p, end, clk, n, T, I, C):",
+        "    while p < end:",
+        *e.lines,
+        "    if p > end:",
+        "        raise CtfDecodeError('an event record crosses the end of its packet')",
+        "    return clk, n",
+        "",
+    ]
     records: dict[int, list[tuple]] = {}
     evfuncs: dict[int, str] = {}
     for eid, ev in sc.events.items():
@@ -199,8 +210,15 @@ def compile_stream(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> Stream
     return dec
 
 
-def _event_source(ns: dict[str, Any], refs: set[str], stream_roots: dict, ev: EventClass,
-                  mine: dict[str, dict[str, str]], fname: str, records: dict[int, list]) -> list[str]:  # fmt: skip
+def _event_source(
+    ns: dict[str, Any],
+    refs: set[str],
+    stream_roots: dict,
+    ev: EventClass,
+    mine: dict[str, dict[str, str]],
+    fname: str,
+    records: dict[int, list],
+) -> list[str]:
     """The function decoding one event class's specific context and payload."""
     e = _ScopeEmitter(ns, refs, "event")
     e.roots.update(stream_roots)

@@ -276,8 +276,15 @@ class _Parser:
             if len(parts) == 3 and parts[0] == "clock" and parts[2] == "value":
                 clock = parts[1]
         align = int(a.get("align", 8 if size % 8 == 0 else 1))
-        return Int(size, align, signed, self.order(a.get("byte_order")), base.get(b, b if isinstance(b, int) else 10),
-                   None if enc in (None, "none") else str(enc), clock)  # fmt: skip
+        return Int(
+            size,
+            align,
+            signed,
+            self.order(a.get("byte_order")),
+            base.get(b, b if isinstance(b, int) else 10),
+            None if enc in (None, "none") else str(enc),
+            clock,
+        )
 
     def struct(self) -> Struct:
         name = self.take() if self.kind() == "id" and self.peek() != "align" else None
@@ -463,8 +470,14 @@ class _Parser:
         return t
 
 
-_PACKET_ROLES = {"timestamp_begin", "timestamp_end", "content_size", "packet_size", "events_discarded",
-                 "packet_seq_num"}  # fmt: skip
+_PACKET_ROLES = {
+    "timestamp_begin",
+    "timestamp_end",
+    "content_size",
+    "packet_size",
+    "events_discarded",
+    "packet_seq_num",
+}
 
 
 def _set_native(fc: Any, little: bool, seen: set[int]) -> None:
