@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from tracesynth.cli import app
 from tracesynth.constraints import RULES, Rules, check_trace, mine_rules, repair_trace
+from tracesynth.constraints.rules import LEARNED
 from tracesynth.errors import TraceSynthError
 from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
@@ -304,7 +305,9 @@ def test_report_to_dict_and_table(trace: Trace, rules: Rules) -> None:
         assert len(r["examples"]) <= 5
         for ex in r["examples"]:
             assert {"index", "found", "expected"} <= set(ex)
-    assert rep.table().row_count == len(RULES) + 1
+    # the enforced rules and "any", then the advisory learned rules apart (never counted)
+    assert rep.table().row_count == len(RULES) + 1 + len(LEARNED)
+    assert set(rep.advisory) == set(LEARNED) and all(d["rules"][r]["advisory_flags"] >= 0 for r in LEARNED)
 
 
 def test_cli_mine_check_repair(trace: Trace, tmp_path) -> None:

@@ -8,6 +8,7 @@ counts them and renders the first few as text.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -17,6 +18,7 @@ import numpy as np
 from rich.table import Table
 
 from tracesynth.constraints.rules import (
+    LEARNED,
     RULES,
     Compiled,
     Rules,
@@ -177,7 +179,7 @@ def _transition_global(a: TraceArrays) -> Found:
     if a.n < 2:
         return _empty("transition.global")
     p, e = a.ev[:-1], a.ev[1:]
-    bad = np.flatnonzero(c.g_enforced[p] & ~c.g_allowed[p, e]) + 1
+    bad = np.flatnonzero(c.g_forbid[p, e]) + 1
     return Found("transition.global", bad, a.ev[bad], a.ev[bad - 1])
 
 
@@ -186,7 +188,7 @@ def _transition_thread(a: TraceArrays) -> Found:
     prev = a.thread_prev
     i = np.flatnonzero(prev >= 0)
     p = a.ev[prev[i]]
-    bad = i[c.t_enforced[p] & ~c.t_allowed[p, a.ev[i]]]
+    bad = i[c.t_forbid[p, a.ev[i]]]
     return Found("transition.thread", bad, a.ev[bad], a.ev[prev[bad]])
 
 
@@ -511,13 +513,17 @@ def _describe(a: TraceArrays, f: Found, j: int) -> tuple[str, str]:
 
 @dataclass
 class CheckReport:
-    """Violations per rule: counts, first examples, and the share of events that violate any rule."""
+    """Violations per rule: counts, first examples, and the share of events that violate any rule.
+    Only enforced entries and the invariants count; what advisory entries would have flagged is
+    kept apart (advisory, advisory_examples) and never counts in total or rate."""
 
     events: int
     counts: dict[str, int]
     examples: dict[str, list[dict[str, Any]]]
     violating_events: int
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)  # Rules.rule_table()
+    advisory: dict[str, int] = field(default_factory=dict)  # learned rule -> events an advisory entry flags
+    advisory_examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -535,65 +541,141 @@ class CheckReport:
             "total": self.total,
             "violating_events": self.violating_events,
             "rate": self.rate,
-            "rules": {
-                r: {
-                    "kind": kind_of(r),
-                    "calibrated_fp_rate": self.calibration.get(r, {}).get("fp_rate"),
-                    "violations": self.counts[r],
-                    "description": DESCRIPTIONS[r],
-                    "examples": self.examples[r],
-                }
-                for r in RULES
-            },
+            "rules": {r: self._rule_dict(r) for r in RULES},
         }
 
+    def _rule_dict(self, r: str) -> dict[str, Any]:
+        cal = self.calibration.get(r, {})
+        out = {
+            "kind": kind_of(r),
+            "calibrated_fp_rate": cal.get("fp_rate"),
+            "enforced_entries": cal.get("enforced"),
+            "blocks": cal.get("blocks"),
+            "blocks_total": cal.get("blocks_total"),
+            "violations": self.counts[r],
+            "description": DESCRIPTIONS[r],
+            "examples": self.examples[r],
+        }
+        if kind_of(r) == "learned":
+            out["advisory_entries"] = cal.get("advisory")
+            out["advisory_flags"] = self.advisory.get(r, 0)
+            out["advisory_examples"] = self.advisory_examples.get(r, [])
+        return out
+
     def table(self, title: str | None = None) -> Table:
-        """A rich table: one row per rule, with the first example."""
+        """A rich table: one row per enforced rule (with the first example), the share of events
+        breaking any, then the advisory rules apart (what they would flag; not violations)."""
         t = Table(title=title, show_lines=False)
-        t.add_column("rule")
-        t.add_column("kind")
-        t.add_column("calibrated FP", justify="right")
-        t.add_column("violations", justify="right")
-        t.add_column("share", justify="right")
-        t.add_column("first example (event: found -> expected)")
+        for col, just in _COLUMNS:
+            t.add_column(col, justify=just)
         for r in RULES:
             n = self.counts[r]
-            ex = self.examples[r]
-            first = f"#{ex[0]['index']}: {ex[0]['found']} -> {ex[0]['expected']}" if ex else ""
             style = "red" if n else "green"
-            fp = self.calibration.get(r, {}).get("fp_rate")
-            fp_text = "n/a" if fp is None else f"{fp:.3%}"
-            t.add_row(r, kind_of(r), fp_text, f"[{style}]{n:,}[/]", f"{n / max(1, self.events):.3%}", first)
+            cal = self.calibration.get(r, {})
+            row = (
+                _blocks_text(cal),
+                _fp_text(cal.get("fp_rate")),
+                f"[{style}]{n:,}[/]",
+                f"{n / max(1, self.events):.3%}",
+            )
+            t.add_row(r, kind_of(r), _entries_text(cal.get("enforced")), *row, _first(self.examples[r]))
         t.add_row(
             "[bold]any[/]",
+            "",
+            "",
             "",
             "",
             f"[bold]{self.violating_events:,}[/]",
             f"[bold]{self.rate:.3%}[/]",
             f"of {self.events:,} events",
         )
+        t.add_section()
+        for r in RULES:
+            if kind_of(r) != "learned":
+                continue
+            n = self.advisory.get(r, 0)
+            cal = self.calibration.get(r, {})
+            t.add_row(
+                f"[dim]{r}[/]",
+                "advisory",
+                _entries_text(cal.get("advisory")),
+                "",
+                "",
+                f"[dim]{n:,}[/]",
+                f"[dim]{n / max(1, self.events):.3%}[/]",
+                _first(self.advisory_examples.get(r, [])),
+            )
         return t
+
+
+_COLUMNS = (
+    ("rule", "left"),
+    ("kind", "left"),
+    ("entries", "right"),
+    ("blocks", "right"),
+    ("calibrated FP", "right"),
+    ("violations", "right"),
+    ("share", "right"),
+    ("first example (event: found -> expected)", "left"),
+)
+
+
+def _first(ex: list[dict[str, Any]]) -> str:
+    return f"#{ex[0]['index']}: {ex[0]['found']} -> {ex[0]['expected']}" if ex else ""
+
+
+def _fp_text(fp: float | None) -> str:
+    return "n/a" if fp is None else f"{fp:.3%}"
+
+
+def _entries_text(n: int | None) -> str:
+    return "" if n is None else f"{n:,}"
+
+
+def _blocks_text(cal: dict[str, Any]) -> str:
+    """Held-out blocks the rule's enforced entries applied in, of those calibrated (n/a: none)."""
+    total = cal.get("blocks_total")
+    return "n/a" if not total else f"{cal.get('blocks', 0)}/{total}"
+
+
+def _examples(a: TraceArrays, found: dict[str, Found], n_examples: int) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r, f in found.items():
+        rows = []
+        for j in range(min(n_examples, len(f.idx))):
+            fs, es = _describe(a, f, j)
+            rows.append({"index": int(f.idx[j]), "found": fs, "expected": es})
+        out[r] = rows
+    return out
 
 
 def report_from(
     a: TraceArrays, found: dict[str, Found], n_examples: int = N_EXAMPLES, calibration: dict | None = None
 ) -> CheckReport:
     counts = {r: int(len(found[r].idx)) for r in RULES}
-    examples: dict[str, list[dict[str, Any]]] = {}
-    for r in RULES:
-        f = found[r]
-        rows = []
-        for j in range(min(n_examples, len(f.idx))):
-            fs, es = _describe(a, f, j)
-            rows.append({"index": int(f.idx[j]), "found": fs, "expected": es})
-        examples[r] = rows
+    examples = _examples(a, {r: found[r] for r in RULES}, n_examples)
     any_bad = np.zeros(a.n, dtype=bool)
     for f in found.values():
         any_bad[f.idx] = True
     return CheckReport(a.n, counts, examples, int(any_bad.sum()), dict(calibration or {}))
 
 
-def check_trace(trace: Trace, rules: Rules) -> CheckReport:
-    """Count violations of every rule in a trace (vectorised), with the first few examples."""
+def detect_advisory(a: TraceArrays, rules: Rules) -> tuple[TraceArrays, dict[str, Found]]:
+    """What the advisory entries of the learned rules flag (the invariants have none), and the
+    arrays they were found on: those of `a` (same vocabulary, so the same codes) with the
+    advisory view of the rules."""
+    adv = copy.copy(a)  # keeps the derived orders already computed (they depend on the trace only)
+    adv.c = compile_rules(rules, a.c.names[a.c.n_known :], a.c.comms[a.c.n_known_comms :], view="advisory")
+    return adv, {r: DETECTORS[r](adv) for r in LEARNED}
+
+
+def check_trace(trace: Trace, rules: Rules, advisory: bool = True) -> CheckReport:
+    """Count violations of every rule in a trace (vectorised), with the first few examples; with
+    advisory, also what the advisory entries would flag (reported apart, never counted)."""
     a = TraceArrays(trace, rules)
-    return report_from(a, detect_all(a), calibration=rules.rule_table())
+    rep = report_from(a, detect_all(a), calibration=rules.rule_table())
+    if advisory and rules.doc.get("version", 0) >= 3:
+        adv, found = detect_advisory(a, rules)
+        rep.advisory = {r: int(len(f.idx)) for r, f in found.items()}
+        rep.advisory_examples = _examples(adv, found, N_EXAMPLES)
+    return rep

@@ -19,13 +19,21 @@ Learned rules are candidates first, then calibrated:
 * **Return values** are symbols: 0, each errno exactly (-4095..-1) and other values by log2
   bucket ([2^k, 2^(k+1))); the allowed set also fills the gaps between the smallest and largest
   bucket seen, so a read of 3000 bytes is fine when 2000 and 5000 were seen.
-* **Calibration**: the last calibration_fraction of each training trace is held out; every
-  candidate mined on the block before it is checked there, per context. An entry is enforced
-  when it is supported and its false-positive rate there, counted with one more error than seen
-  ((violations + 1) / (applies + 1)), is at most max_fp_rate: a rule must have applied about
-  1 / max_fp_rate times without error to show it errs that rarely. A context first seen in the
-  held-out block cannot be calibrated and stays open. The stored sets and bounds are then mined
-  from all of the training data (so they also cover the held-out block).
+* **Calibration across time blocks**: each training trace is cut in time into calibration_blocks
+  blocks; each block is held out in turn and every candidate mined from the other blocks is
+  checked there, per context (blocked cross-validation in time: a phase that only some blocks
+  hold shows up as a block where the rule breaks). An entry is enforced when it is supported,
+  was exercised by at least calibration_min_blocks held-out blocks, holds in every block that
+  exercised it (violations <= max_fp_rate * applies there) and its pooled false-positive rate,
+  counted with one more error than seen ((violations + 1) / (applies + 1)), is at most
+  max_fp_rate: a rule must have applied about 1 / max_fp_rate times without error to show it
+  errs that rarely. A supported entry that falls short is *advisory*: kept as guidance (its counts
+  weight sampling and repair), never flagged. The stored sets and bounds are then mined from all
+  of the training data.
+* **Weak transitions**: an enforced transition forbids an unseen successor only where that
+  successor is common enough (its share of all successors) that the predecessor's n observations
+  should have shown it transition_min_expected times; the rare unseen successors (and event types
+  never seen at all) are advisory (see rules.py).
 * **Invariants** (syscall entry/exit pairing per thread, one thread per CPU between two
   sched_switch, a thread current on one CPU at a time, non-decreasing time, errno range) are
   kernel facts and always enforced. The data decides only the details: which syscalls never
@@ -59,7 +67,6 @@ from tracesynth.constraints.rules import (
 )
 from tracesynth.errors import TraceSynthError
 from tracesynth.events import IDLE_TID, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
-from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
 
 DEFAULT_PARAMS: dict[str, Any] = {
@@ -70,54 +77,81 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "dt_quantile": 0.001,  # tails used for the bounds (then widened by dt_margin)
     "dt_margin": 4.0,  # bounds are [q_lo / margin, q_hi * margin], always covering what was seen
     "pin_alpha": 0.001,  # CPU set enforced when an unpinned thread would stay inside it this rarely
-    "calibration_fraction": 0.3,  # later block of each training trace held out to calibrate rules
-    "calibration_min_events": 500,  # shorter blocks are not held out (the trace is all fit)
+    "calibration_blocks": 5,  # time blocks of each training trace, each held out in turn (< 2: none)
+    "calibration_min_events": 500,  # a trace is cut into fewer blocks if they would be shorter
+    "calibration_min_blocks": 2,  # held-out blocks that must exercise an entry before it is enforced
     "max_fp_rate": 0.001,  # a learned entry is enforced when it errs at most this often there
+    "transition_min_expected": 10.0,  # an unseen successor is forbidden only if this many were expected
     "unpaired_min_closed": 0.5,  # a syscall whose entries are closed by its exit less often never returns
 }
 
 
 def mine_rules(traces: Sequence[Trace], params: Mapping[str, Any] | None = None) -> Rules:
     """Learn Rules from real traces (each trace is one contiguous recording, in time order)."""
-    p = dict(DEFAULT_PARAMS)
-    p.update(params or {})
+    p = _params(params)
     traces = [t for t in traces if len(t)]
     if not traces:
         raise TraceSynthError("no events to mine rules from")
     names = sorted({n for t in traces for n in t.codes("event")[1]})
     comms = sorted({n for t in traces for n in t.codes("comm")[1]})
     doc = _mine_doc(traces, names, comms, p)
-    fit, held = _calibration_split(traces, p)
-    stats = candidate = None
-    if held:
-        candidate = _mine_doc(fit, names, comms, p)
-        stats = _calibrate(candidate, held)
-    doc["rules"] = _settle(doc, candidate, stats, p)
-    doc["source"]["calibration_events"] = int(sum(len(t) for t in held))
+    folds = []
+    for fit, held in _folds(traces, p):
+        candidate = _mine_doc(fit, names, comms, p, invariants=doc["invariants"])
+        folds.append((candidate, _calibrate(candidate, held)))
+    doc["rules"] = _settle(doc, folds, p)
+    doc["source"]["calibration_events"] = int(sum(len(t) for _, held in _folds(traces, p) for t in held))
+    doc["source"]["calibration_blocks"] = len(folds)
     return Rules(doc)
 
 
-def _calibration_split(traces: Sequence[Trace], p: Mapping[str, Any]) -> tuple[list[Trace], list[Trace]]:
-    """Each trace's first (1 - calibration_fraction) to fit, its last block held out."""
-    f = float(p["calibration_fraction"])
-    fit, held = [], []
+def _params(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The defaults updated by `params`; an old calibration_fraction f asks for about 1 / f blocks
+    (0: no calibration). calibration_fraction is stored as the share of one held-out block."""
+    p = dict(DEFAULT_PARAMS)
+    p.update(params or {})
+    if params and "calibration_fraction" in params and "calibration_blocks" not in params:
+        f = float(params["calibration_fraction"])
+        p["calibration_blocks"] = round(1 / f) if 0 < f < 1 else 0
+    k = int(p["calibration_blocks"])
+    p["calibration_fraction"] = round(1 / k, 6) if k >= 2 else 0.0
+    return p
+
+
+def _folds(traces: Sequence[Trace], p: Mapping[str, Any]) -> list[tuple[list[Trace], list[Trace]]]:
+    """Blocked cross-validation in time: fold k holds out block k of every trace long enough to be
+    cut into more than k blocks (of at least calibration_min_events each) and fits on the rest
+    (the blocks before it and those after it as two contiguous traces, never joined)."""
+    k_max = int(p["calibration_blocks"])
+    cuts = []
     for t in traces:
-        if 0 < f < 1 and len(t) * f >= p["calibration_min_events"]:
-            a, b = split_by_time(t, (1 - f, f))
-            fit.append(a)
-            held.append(b)
-        else:
-            fit.append(t)
-    return fit, held
+        k = min(k_max, len(t) // max(1, int(p["calibration_min_events"])))
+        cuts.append(np.round(np.linspace(0, len(t), k + 1)).astype(int) if k >= 2 else None)
+    folds = []
+    for k in range(k_max if any(c is not None for c in cuts) else 0):
+        fit, held = [], []
+        for t, c in zip(traces, cuts, strict=True):
+            if c is None or k >= len(c) - 1:
+                fit.append(t)
+                continue
+            held.append(t.slice(int(c[k]), int(c[k + 1])))
+            fit += [x for x in (t.slice(0, int(c[k])), t.slice(int(c[k + 1]), len(t))) if len(x)]
+        if held:
+            folds.append((fit, held))
+    return folds
+
+
+_SECTIONS = {section for section, _ in LEARNED.values()}
 
 
 def _calibrate(candidate: dict[str, Any], held: Sequence[Trace]) -> dict[str, dict[str, tuple[int, int]]]:
     """Check every candidate entry (all enforced, supported or not) on the held-out blocks:
     per rule, context name -> (events it applied to, violations)."""
-    forced = copy.deepcopy(candidate)
-    for section, sub in LEARNED.values():
-        for e in forced[section][sub].values():
-            e["enforced"] = bool(e.get("valid", True))
+    forced = {k: (dict(v) if k in _SECTIONS else v) for k, v in candidate.items()}
+    for section, sub in LEARNED.values():  # new entry dicts: the candidate itself stays as mined
+        forced[section][sub] = {
+            k: {**e, "enforced": bool(e.get("valid", True))} for k, e in forced[section][sub].items()
+        }
     rules = Rules(forced)
     out: dict[str, dict[str, Counter]] = {r: {"applies": Counter(), "violations": Counter()} for r in DETECTORS}
     for t in held:
@@ -149,58 +183,93 @@ def _context_name(rule: str, key: int, c: Any) -> str:
     return c.names[key]
 
 
-def _settle(
-    doc: dict[str, Any],
-    candidate: dict[str, Any] | None,
-    stats: dict[str, dict[str, tuple[int, int]]] | None,
-    p: Mapping[str, Any],
-) -> dict:
-    """Decide each learned entry (supported and calibrated) and summarise every rule."""
+Stats = dict[str, dict[str, tuple[int, int]]]  # rule -> context -> (applies, violations)
+
+
+def _settle(doc: dict[str, Any], folds: Sequence[tuple[dict[str, Any], Stats]], p: Mapping[str, Any]) -> dict:
+    """Decide each learned entry (supported, and calibrated across the held-out blocks) as enforced,
+    advisory or open, and summarise every rule."""
     table: dict[str, Any] = {}
     for rule, (section, sub) in LEARNED.items():
-        applies = bad = 0
-        n_enforced = 0
+        tally = Counter()
+        blocks = np.zeros(len(folds), dtype=bool)  # blocks where an enforced entry applied
         for ctx, e in doc[section][sub].items():
+            per_block = [st[rule].get(ctx, (0, 0)) if ctx in cand[section][sub] else None for cand, st in folds]
             ok = bool(e["supported"]) and bool(e.get("valid", True))
-            if stats is not None and candidate is not None:
-                n_app, n_bad = stats[rule].get(ctx, (0, 0))
-                if ctx in candidate[section][sub]:
-                    e["calibration"] = {"applies": n_app, "violations": n_bad, "fp_rate": _rate(n_bad, n_app)}
-                    ok = ok and n_bad + 1 <= p["max_fp_rate"] * (n_app + 1)
-                else:  # first seen in the held-out block: no candidate to calibrate, so it stays open
-                    e["calibration"] = {"applies": n_app, "violations": None, "fp_rate": None}
-                    ok = False
-            e["enforced"] = ok
+            if folds:
+                e["calibration"] = _entry_calibration(per_block)
+                ok = ok and _holds(e["calibration"], per_block, p)
+            e["enforced"], e["advisory"] = ok, bool(e["supported"]) and bool(e.get("valid", True)) and not ok
+            tally["advisory"] += e["advisory"]
             if ok:
-                n_enforced += 1
-                if stats is not None:
-                    applies += e["calibration"]["applies"]
-                    bad += e["calibration"]["violations"]
-        table[rule] = _row(rule, n_enforced, applies, bad, stats is not None)
+                tally["enforced"] += 1
+                if folds:
+                    tally["applies"] += e["calibration"]["applies"]
+                    tally["bad"] += e["calibration"]["violations"]
+                    blocks |= [b is not None and b[0] > 0 for b in per_block]
+        table[rule] = _row(rule, tally, int(blocks.sum()), len(folds))
     for rule, key in INVARIANTS.items():
         inv = doc["invariants"][key]
-        n_app, n_bad = stats[rule].get("*", (0, 0)) if stats is not None else (0, 0)
-        inv["calibration"] = {"applies": n_app, "violations": n_bad, "fp_rate": _rate(n_bad, n_app)}
-        table[rule] = _row(rule, 1, n_app, n_bad, stats is not None)
+        per_block = [st[rule].get("*", (0, 0)) for _, st in folds]
+        inv["calibration"] = _entry_calibration(per_block)
+        c = inv["calibration"]
+        tally = Counter(enforced=1, applies=c["applies"], bad=c["violations"])
+        table[rule] = _row(rule, tally, c["blocks"], len(folds))
     return table
 
 
-def _row(rule: str, enforced: int, applies: int, bad: int, calibrated: bool) -> dict[str, Any]:
+def _entry_calibration(per_block: Sequence[tuple[int, int] | None]) -> dict[str, Any]:
+    """Pooled over the held-out blocks where the entry had a candidate (None: the context was
+    first seen in that block, so nothing mined from the others could be checked there)."""
+    seen = [b for b in per_block if b is not None]
+    applies, bad = sum(a for a, _ in seen), sum(v for _, v in seen)
     return {
+        "applies": applies,
+        "violations": bad,
+        "fp_rate": _rate(bad, applies),
+        "blocks": sum(a > 0 for a, _ in seen),
+        "blocks_broken": sum(v > 0 for _, v in seen),
+        "blocks_unseen": sum(b is None for b in per_block),
+    }
+
+
+def _holds(cal: Mapping[str, Any], per_block: Sequence[tuple[int, int] | None], p: Mapping[str, Any]) -> bool:
+    """Enough blocks exercised it, it held in each (at the tolerated rate) and pooled."""
+    every = all(v <= p["max_fp_rate"] * a for a, v in (b for b in per_block if b is not None))
+    pooled = cal["violations"] + 1 <= p["max_fp_rate"] * (cal["applies"] + 1)
+    return every and pooled and cal["blocks"] >= p["calibration_min_blocks"]
+
+
+def _row(rule: str, tally: Mapping[str, int], blocks: int, blocks_total: int) -> dict[str, Any]:
+    applies, bad = int(tally.get("applies", 0)), int(tally.get("bad", 0))
+    row = {
         "kind": kind_of(rule),
-        "enforced": enforced,
+        "enforced": int(tally.get("enforced", 0)),
         "calibration_applies": applies,
         "calibration_violations": bad,
-        "fp_rate": _rate(bad, applies) if calibrated and applies else None,  # None: nothing to measure
+        "fp_rate": _rate(bad, applies) if blocks_total and applies else None,  # None: nothing to measure
+        "blocks": blocks,  # held-out blocks in which the enforced entries applied
+        "blocks_total": blocks_total,
     }
+    if kind_of(rule) == "learned":
+        row["advisory"] = int(tally.get("advisory", 0))
+    return row
 
 
 def _rate(bad: int, applies: int) -> float:
     return round(bad / applies, 8) if applies else 0.0
 
 
-def _mine_doc(traces: Sequence[Trace], names: list[str], comms: list[str], p: Mapping[str, Any]) -> dict[str, Any]:
-    """The candidate document of some traces over the given vocabularies (no calibration yet)."""
+def _mine_doc(
+    traces: Sequence[Trace],
+    names: list[str],
+    comms: list[str],
+    p: Mapping[str, Any],
+    invariants: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The candidate document of some traces over the given vocabularies (no calibration yet).
+    A calibration fold passes the invariants of the whole data: they are kernel facts, not
+    calibrated, and mining their details is the slow part."""
     V = len(names)
     index = {n: i for i, n in enumerate(names)}
     cindex = {n: i for i, n in enumerate(comms)}
@@ -230,8 +299,8 @@ def _mine_doc(traces: Sequence[Trace], names: list[str], comms: list[str], p: Ma
         runs.append(_runs(ev, tid, cpu, comm, switch))
         # commands issuing each type, one observation per thread (a thread's events are one unit)
         cm = comm >= 0
-        comm_units.append(np.unique(np.stack([ev[cm], comm[cm], tid[cm]], axis=1), axis=0))
-    units = np.concatenate(comm_units) if comm_units else np.zeros((0, 3), np.int64)
+        comm_units.append(_units(ev[cm], comm[cm], tid[cm], len(comms)))
+    units = np.concatenate(comm_units) if comm_units else np.zeros((0, 2), np.int64)
     run_tid, run_comm, run_cpu, run_moved = (np.concatenate(x) for x in zip(*runs, strict=True))
     doc: dict[str, Any] = {
         "format": FORMAT,
@@ -264,8 +333,17 @@ def _mine_doc(traces: Sequence[Trace], names: list[str], comms: list[str], p: Ma
         "comm": _cpu_sets(run_comm[named], run_cpu[named], run_moved[named], comms, n_cpus, stay, p),
         "tid": _cpu_sets(run_tid[keep], run_cpu[keep], run_moved[keep], None, n_cpus, stay, p),
     }
-    doc["invariants"] = _invariants(traces, doc, names, p)
+    doc["invariants"] = copy.deepcopy(invariants) if invariants is not None else _invariants(traces, doc, names, p)
     return doc
+
+
+def _units(ev: np.ndarray, comm: np.ndarray, tid: np.ndarray, n_comms: int) -> np.ndarray:
+    """The distinct (event, command, thread) triples as (event, command) rows: one flat int64
+    key each (a row-wise unique sorts several times slower)."""
+    _, tcode = np.unique(tid, return_inverse=True)
+    T, C = max(1, int(tcode.max()) + 1 if len(tcode) else 1), max(1, n_comms)
+    key = np.unique((ev * C + comm) * T + tcode.reshape(-1))
+    return np.stack([key // T // C, key // T % C], axis=1)
 
 
 def _migration_model(tid: np.ndarray, moved: np.ndarray, min_resched: int = 10) -> dict[str, float]:

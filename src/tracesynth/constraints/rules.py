@@ -6,13 +6,20 @@ Two kinds of rule, stored and reported apart:
   matching names, one thread current per CPU between two sched_switch, a thread current on one
   CPU at a time, non-decreasing time, syscall errors inside the errno range). They are always
   enforced; the data only settles details (which calls never return, which thread a reader puts
-  a sched_switch on) and how often they were broken in training and in the calibration block.
+  a sched_switch on) and how often they were broken in training and in the calibration blocks.
 * **learned** rules (transitions, time bounds, CPU affinity, value sets) describe one workload.
-  Each entry keeps the counts it was mined from and its calibration: how often it was broken on
-  a later, held-out block of the training data by the rule mined from the block before it.
+  Each entry keeps the counts it was mined from and its calibration: cut in time into blocks,
+  each block held out in turn and checked against the rule mined from the other blocks.
+
+Each learned entry is in one of three states: *enforced* (flagged as a violation), *advisory*
+(enough data for a set or a bound, but not confirmed in every block that exercised it: guidance
+that samplers and repair may prefer, never a violation) or open (too little data). An enforced
+transition is also weak where it says least: it forbids an unseen successor only where that
+successor is common enough that the context would have shown it (n * share >= min_expected,
+params.transition_min_expected); the unseen rare successors are advisory.
 
 The document is plain data; `compile_rules` turns it into numpy arrays aligned to one trace's
-vocabulary for the vectorised checker and the repairer.
+vocabulary for the vectorised checker and the repairer (view "enforced", or "advisory").
 
 Layout (keys sorted on save):
 
@@ -24,10 +31,11 @@ Layout (keys sorted on save):
     cpu.comm / cpu.tid                per command / thread: runs per CPU, p_unpinned (pinning evidence)
     values.ret / values.comm          per event type: symbol counts, allowed set / issuing commands
     invariants                        syscall_pairing, sched_consistency, one_cpu, monotonic_time, ret_errno
-    rules                             per rule: kind, enforced entries, calibrated false-positive rate
+    rules                             per rule: kind, enforced / advisory entries, calibration, blocks
 
-Every learned entry also has supported (enough data), calibration {applies, violations, fp_rate}
-and enforced (supported, and (violations + 1) / (applies + 1) <= params.max_fp_rate when calibrated).
+Every learned entry also has supported (enough data), calibration {applies, violations, fp_rate,
+blocks, blocks_broken} (blocks: held-out blocks that exercised it), enforced and advisory.
+Version 2 documents (one later calibration block, no advisory state) still load and check as before.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ from tracesynth.errors import TraceSynthError
 from tracesynth.events import IDLE_TID, MAX_ERRNO, SCHED_PROCESS_EXIT, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
 
 FORMAT = "tracesynth-rules"
-VERSION = 2
+VERSION = 3
+READABLE_VERSIONS = (2, 3)  # version 2: no advisory entries, every unseen successor judged
+VIEWS = ("enforced", "advisory")
 
 # learned rule -> its section of the document; invariant -> its key under "invariants"
 LEARNED = {
@@ -187,8 +197,8 @@ def _validate_doc(doc: Any) -> str | None:
         return "top level is not an object"
     if doc.get("format") != FORMAT:
         return f"format is {doc.get('format')!r}, expected {FORMAT!r}"
-    if doc.get("version") != VERSION:
-        return f"version {doc.get('version')!r} is not supported (expected {VERSION})"
+    if doc.get("version") not in READABLE_VERSIONS:
+        return f"version {doc.get('version')!r} is not supported (expected one of {list(READABLE_VERSIONS)})"
     for key in ("params", "source", "events", "comms", "rules"):
         if key not in doc:
             return f"missing key {key!r}"
@@ -223,9 +233,11 @@ class Compiled:
     g_allowed: np.ndarray  # [V, V] bool
     g_enforced: np.ndarray  # [V] bool
     g_weight: np.ndarray  # [V, V] float (counts, for sampling)
+    g_forbid: np.ndarray  # [V, V] bool: what the checker flags (in this view)
     t_allowed: np.ndarray
     t_enforced: np.ndarray
     t_weight: np.ndarray
+    t_forbid: np.ndarray
     # dt
     dt_lo: np.ndarray  # [V] int64 (0 where open)
     dt_hi: np.ndarray  # [V] int64 (int64 max where open)
@@ -260,6 +272,7 @@ class Compiled:
     process_exit_code: int  # -1 when the rules know no sched_process_exit
     sched_convention: str  # "prev": a switch closes its segment; "next": it opens one
     one_cpu_exempt: np.ndarray  # sorted tids (the idle task's 0 always)
+    view: str = "enforced"  # "advisory": the *_enforced flags and forbid matrices are the advisory ones
 
 
 _SYMOFF = 8192
@@ -281,16 +294,21 @@ def _extend_vocab(known: list[str], extra: list[str]) -> tuple[list[str], dict[s
     return names, index
 
 
-def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str]) -> Compiled:
-    """Arrays of the rules, over the rules' vocabulary extended by the trace's unknown names."""
+def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str], view: str = "enforced") -> Compiled:
+    """Arrays of the rules, over the rules' vocabulary extended by the trace's unknown names. The
+    "advisory" view holds the advisory entries where the default holds the enforced ones."""
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     d = rules.doc
     names, index = _extend_vocab(d["events"], trace_events)
     comms, cindex = _extend_vocab(d["comms"], trace_comms)
     V, C = len(names), max(1, len(comms))
-    g_allowed, g_enforced, g_weight = _compile_graph(d["transitions"]["global"], index, V)
-    t_allowed, t_enforced, t_weight = _compile_graph(d["transitions"]["thread"], index, V)
+    min_expected = float(d["params"].get("transition_min_expected", 0.0))  # version 2: 0, all judged
+    g_allowed, g_enforced, g_weight, g_forbid = _compile_graph(d["transitions"]["global"], index, V, view, min_expected)
+    t_allowed, t_enforced, t_weight, t_forbid = _compile_graph(d["transitions"]["thread"], index, V, view, min_expected)
     n_cpus = int(d["cpu"].get("n_cpus", 0))
-    cpu_comm_allowed, cpu_comm_enforced, cpu_comm_weight = _compile_cpu_comm(d["cpu"]["comm"], cindex, C, n_cpus)
+    cpu_comm = _compile_cpu_comm(d["cpu"]["comm"], cindex, C, n_cpus, view)
+    cpu_comm_allowed, cpu_comm_enforced, cpu_comm_weight = cpu_comm
     return Compiled(
         names=names,
         n_known=len(d["events"]),
@@ -299,23 +317,31 @@ def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str])
         g_allowed=g_allowed,
         g_enforced=g_enforced,
         g_weight=g_weight,
+        g_forbid=g_forbid,
         t_allowed=t_allowed,
         t_enforced=t_enforced,
         t_weight=t_weight,
+        t_forbid=t_forbid,
         n_cpus=n_cpus,
         cpu_comm_allowed=cpu_comm_allowed,
         cpu_comm_enforced=cpu_comm_enforced,
         cpu_comm_weight=cpu_comm_weight,
-        **_compile_dt(d["dt"], index, V),
-        **_compile_ret(d["values"]["ret"], index, V),
-        **_compile_comm(d["values"]["comm"], index, cindex, V, C),
-        **_compile_cpu_tid(d["cpu"]["tid"], n_cpus),
+        **_compile_dt(d["dt"], index, V, view),
+        **_compile_ret(d["values"]["ret"], index, V, view),
+        **_compile_comm(d["values"]["comm"], index, cindex, V, C, view),
+        **_compile_cpu_tid(d["cpu"]["tid"], n_cpus, view),
         **_compile_invariants(d, names, index),
+        view=view,
     )
 
 
+def _on(e: dict[str, Any], view: str) -> bool:
+    """Whether an entry takes part in this view (version 2 entries are never advisory)."""
+    return bool(e.get(view, False))
+
+
 def _compile_counts(
-    section: dict[str, Any], rows: dict[str, int], cols: dict[str, int], key: str, shape: tuple[int, int]
+    section: dict[str, Any], rows: dict[str, int], cols: dict[str, int], key: str, shape: tuple[int, int], view: str
 ) -> tuple[np.ndarray, ...]:
     """A section of counted entries {row: {"enforced": .., key: {col: count}}} as (allowed, enforced, weight)."""
     allowed = np.zeros(shape, dtype=bool)
@@ -323,27 +349,41 @@ def _compile_counts(
     enforced = np.zeros(shape[0], dtype=bool)
     for name, e in section.items():
         r = rows[name]
-        enforced[r] = bool(e.get("enforced", False))
+        enforced[r] = _on(e, view)
         for col, cnt in e[key].items():
             allowed[r, cols[col]] = True
             weight[r, cols[col]] = cnt
     return allowed, enforced, weight
 
 
-def _compile_graph(section: dict[str, Any], index: dict[str, int], V: int) -> tuple[np.ndarray, ...]:
-    return _compile_counts(section, index, index, "next", (V, V))
+def _compile_graph(
+    section: dict[str, Any], index: dict[str, int], V: int, view: str, min_expected: float
+) -> tuple[np.ndarray, ...]:
+    """(allowed, on, weight, forbid). An enforced predecessor forbids an unseen successor only where
+    that successor is common enough (as a successor anywhere) that the predecessor's n observations
+    should have shown it min_expected times; the rare unseen ones are advisory. The advisory view
+    forbids what advisory predecessors never saw, and the rare unseen successors of enforced ones."""
+    allowed, on, weight = _compile_counts(section, index, index, "next", (V, V), view)
+    n = weight.sum(axis=1)
+    share = weight.sum(axis=0) / max(1.0, float(weight.sum()))
+    judged = n[:, None] * share[None, :] >= min_expected if min_expected > 0 else np.ones((V, V), dtype=bool)
+    if view == "enforced":
+        return allowed, on, weight, on[:, None] & ~allowed & judged
+    strict = _compile_counts(section, index, index, "next", (V, V), "enforced")[1]
+    forbid = ~allowed & (on[:, None] | (strict[:, None] & ~judged))
+    return allowed, on | strict, weight, forbid
 
 
-def _compile_dt(section: dict[str, Any], index: dict[str, int], V: int) -> dict[str, np.ndarray]:
+def _compile_dt(section: dict[str, Any], index: dict[str, int], V: int, view: str) -> dict[str, np.ndarray]:
     dt_lo = np.zeros(V, dtype=np.int64)
     dt_hi = np.full(V, np.iinfo(np.int64).max, dtype=np.int64)
     for name, e in section["event"].items():
-        if e.get("enforced", False):
+        if _on(e, view):
             dt_lo[index[name]] = e["lo"]
             dt_hi[index[name]] = e["hi"]
     keys, lo, hi = [], [], []
     for pair, e in section["transition"].items():
-        if e.get("enforced", False):
+        if _on(e, view):
             a, b = pair.split(" -> ")
             keys.append(index[a] * V + index[b])
             lo.append(e["lo"])
@@ -358,19 +398,20 @@ def _compile_dt(section: dict[str, Any], index: dict[str, int], V: int) -> dict[
     }
 
 
-def _compile_ret(section: dict[str, Any], index: dict[str, int], V: int) -> dict[str, Any]:
+def _compile_ret(section: dict[str, Any], index: dict[str, int], V: int, view: str) -> dict[str, Any]:
     presence = np.zeros(V, dtype=np.int8)
     enforced = np.zeros(V, dtype=bool)
     rkeys: list[int] = []
     table: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0, np.int64), np.zeros(0))] * V
     for name, e in section.items():
         i = index[name]
-        presence[i] = {"free": 0, "present": 1, "null": 2}[e["presence"]]
+        # presence (a reader fact: exits carry a value, other events none) is always enforced
+        presence[i] = {"free": 0, "present": 1, "null": 2}[e["presence"]] if view == "enforced" else 0
         syms = _syms(list(e["symbols"]))
         counts = np.array(list(e["symbols"].values()), dtype=np.float64)
         if len(syms):
             table[i] = (syms, counts / counts.sum())
-        if e.get("enforced", False):
+        if _on(e, view):
             enforced[i] = True
             rkeys.extend(int(k) for k in ret_keys(np.full(len(e["allowed"]), i), _syms(e["allowed"])))
     return {
@@ -382,9 +423,9 @@ def _compile_ret(section: dict[str, Any], index: dict[str, int], V: int) -> dict
 
 
 def _compile_comm(
-    section: dict[str, Any], index: dict[str, int], cindex: dict[str, int], V: int, C: int
+    section: dict[str, Any], index: dict[str, int], cindex: dict[str, int], V: int, C: int, view: str
 ) -> dict[str, np.ndarray]:
-    allowed, enforced, weight = _compile_counts(section, index, cindex, "counts", (V, C))
+    allowed, enforced, weight = _compile_counts(section, index, cindex, "counts", (V, C), view)
     return {"comm_allowed": allowed, "comm_enforced": enforced, "comm_weight": weight}
 
 
@@ -398,18 +439,20 @@ def _cpu_rows(entries: list[dict[str, Any]], n_cpus: int) -> tuple[np.ndarray, n
     return allowed, weight
 
 
-def _compile_cpu_comm(section: dict[str, Any], cindex: dict[str, int], C: int, n_cpus: int) -> tuple[np.ndarray, ...]:
+def _compile_cpu_comm(
+    section: dict[str, Any], cindex: dict[str, int], C: int, n_cpus: int, view: str
+) -> tuple[np.ndarray, ...]:
     allowed = np.zeros((C, max(1, n_cpus)), dtype=bool)
     weight = np.zeros((C, max(1, n_cpus)))
     enforced = np.zeros(C, dtype=bool)
     rows = [cindex[comm] for comm in section]
     allowed[rows], weight[rows] = _cpu_rows(list(section.values()), n_cpus)
-    enforced[rows] = [bool(e.get("enforced", False)) for e in section.values()]
+    enforced[rows] = [_on(e, view) for e in section.values()]
     return allowed, enforced, weight
 
 
-def _compile_cpu_tid(section: dict[str, Any], n_cpus: int) -> dict[str, np.ndarray]:
-    items = sorted((int(t), e) for t, e in section.items() if e.get("enforced", False))
+def _compile_cpu_tid(section: dict[str, Any], n_cpus: int, view: str) -> dict[str, np.ndarray]:
+    items = sorted((int(t), e) for t, e in section.items() if _on(e, view))
     allowed, weight = _cpu_rows([e for _, e in items], n_cpus)
     return {
         "cpu_tids": np.array([t for t, _ in items], dtype=np.int64),
