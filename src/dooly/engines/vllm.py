@@ -19,7 +19,6 @@ vLLM's kernels directly. Only vLLM's CPU backend is wired here.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dooly.batch import Batch
+from dooly.engines._tmpdirs import owned_tmpdir
 from dooly.engines.base import Engine, RequestShape
 from dooly.errors import DoolyError, one_line
 
@@ -95,7 +95,9 @@ class VLLMEngine(Engine):
         self.device = "cpu"
         self.dtype = dtype
         self._dirs: dict[str, Path] = {}
-        self._root = Path(tempfile.mkdtemp(prefix="dooly-vllm-"))
+        # model directories vLLM reads configs from: removed with the engine, at exit, or (after a kill) by the
+        # next dooly process
+        self._root = owned_tmpdir("dooly-vllm-", owner=self)
 
     # -- config / model -------------------------------------------------------------------------------------
 
@@ -145,7 +147,7 @@ class VLLMEngine(Engine):
 
         with _DIST_LOCK, unset_fake_temporarily():  # the groups are real even when the model is built on fakes
             if not torch.distributed.is_initialized():
-                path = Path(tempfile.mkdtemp(prefix="dooly-vllm-dist-")) / "init"
+                path = owned_tmpdir("dooly-vllm-dist-") / "init"  # the process group's: removed at exit
                 init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"file://{path}",
                                              local_rank=0, backend="gloo")  # fmt: skip
             # vLLM makes the expert-parallel group only when the first model of the process is a MoE one: a MoE

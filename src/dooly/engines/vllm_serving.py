@@ -11,8 +11,9 @@
   always schedules, ``max_num_seqs``, ``max_num_batched_tokens``, block size) and a KV cache of
   ``VLLM_CPU_KVCACHE_SPACE`` GiB, prefix caching off (the simulator does not model it, and the second real
   run must not hit the first run's cache).
-* :class:`VLLMServer` is a context manager: the server (its own process group, since vLLM spawns an
-  engine-core process) is terminated on exit, on errors, on Ctrl-C and on SIGTERM.
+* :class:`VLLMServer` is a context manager: the server (its own session, since vLLM spawns an engine-core
+  process and workers) is terminated on exit, on errors, on Ctrl-C and on SIGTERM; it runs under
+  :mod:`dooly.engines._reaper`, which kills the whole session when dooly dies, SIGKILL included.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from dooly.engines import _reaper
+from dooly.engines._tmpdirs import owned_tmpdir
 from dooly.errors import DoolyError
 from dooly.simulator.metrics import RequestMetrics
 from dooly.simulator.workload import Workload
@@ -148,14 +151,15 @@ class VLLMServer:
     def __init__(self, model: str, config: ServeConfig, workdir: str | Path | None = None) -> None:
         self.model = model
         self.config = config
-        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="dooly-vllm-")
-        self.workdir = Path(workdir if workdir is not None else self._tmp.name)
+        # a directory of its own unless given one: removed on exit, and after a kill by the next dooly process
+        self._tmp = None if workdir is not None else owned_tmpdir("dooly-vllm-serve-", owner=self)
+        self.workdir = Path(workdir if workdir is not None else self._tmp)
         self.name, self.model_dir = write_model_dir(model, self.workdir / "model")
         self.log_path = self.workdir / "server.log"
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
-        self.pgid: int | None = None  # the server's process group (its pid), kept after stop() for checks
+        self.sid: int | None = None  # the session of the reaper and the server (the reaper's pid), kept for checks
         self.startup_s = float("nan")
         self._old_term: Any = None
 
@@ -175,7 +179,7 @@ class VLLMServer:
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
         if self._tmp is not None:
-            self._tmp.cleanup()
+            shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
     def _start(self) -> None:
@@ -187,12 +191,12 @@ class VLLMServer:
         log = self.log_path.open("w")
         t0 = time.perf_counter()
         cores = self.config.frontend_cores()
-        # a session of its own: stop() signals the API server and the engine core it spawns together; the
-        # engine core inherits the front-end cores and vLLM then binds its OpenMP threads to 0..threads-1
+        # under the reaper, in a session of its own: the API server, the engine core and its workers die with
+        # dooly even on SIGKILL; the engine core inherits the front-end cores and vLLM then binds its OpenMP
+        # threads to 0..threads-1
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.config.env(),
-                                     start_new_session=True, preexec_fn=pin)  # fmt: skip
-        self.pgid = self.proc.pid
+        self.proc = _reaper.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.config.env(), preexec_fn=pin)
+        self.sid = self.proc.pid
         log.close()
         deadline = t0 + self.config.startup_timeout_s
         while True:
@@ -231,17 +235,21 @@ class VLLMServer:
         return int(m.group(1).replace(",", "")) if m else None
 
     def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM to the reaper (it passes it on to the server and kills what the server leaves); what is still
+        alive after ``timeout`` is killed."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
+                proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(wait)
-                return
+                proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                continue
+                pass
+        _reaper.kill_session(proc.pid, signal.SIGKILL)  # nothing of the session outlives the server
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10.0)
 
     # -- load -------------------------------------------------------------------------------------------
     def bench(self, workload: Workload, seed: int = 0) -> BenchRun:
