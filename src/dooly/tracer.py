@@ -124,6 +124,10 @@ def trace_model(
     """
     if phase not in PHASES:
         raise DoolyError(f"unknown phase {phase!r} (expected one of {', '.join(PHASES)})")
+    from dooly.zoo import check_sizes
+
+    # time and memory grow with the layers traced: a config far beyond any model is refused, not run for hours
+    check_sizes(config, str(name or config.get("_name_or_path") or config.get("model_type")))
     engine = engine or get_engine()
     values = dict(DEFAULT_HINTS[phase])
     values.update(hints or {})

@@ -87,3 +87,45 @@ def _empty_dir(root: Path) -> Path:
     d = root / "empty"
     d.mkdir()
     return d
+
+
+def test_configs_past_the_bounds_are_refused_before_parsing_or_tracing(tmp_path: Path) -> None:
+    from dooly.zoo import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, SIZE_LIMITS, json_depth, resolve_model
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # json.loads: RecursionError
+    with pytest.raises(DoolyError, match=r"deep\.json: JSON nested 100000 deep, more than the 64"):
+        load_config(deep)
+    assert json_depth('{"a": "[[[[\\"[[", "b": [[1]]}') == 3  # brackets in strings do not count
+    ok = {"model_type": "llama", "x": json.loads("[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1))}
+    (tmp_path / "ok.json").write_text(json.dumps(ok))
+    assert load_config(tmp_path / "ok.json").config == ok
+    big = tmp_path / "big.json"
+    big.write_text('{"model_type": "llama", "pad": "' + "x" * MAX_CONFIG_BYTES + '"}')
+    with pytest.raises(DoolyError, match=r"big\.json: larger than 16 MiB"):
+        load_config(big)
+    cfg = dict(load_config("smollm2-135m").config)
+    for field, value in (("num_hidden_layers", 100_000), ("hidden_size", 10**9), ("vocab_size", -1)):
+        f = tmp_path / f"{field}.json"
+        f.write_text(json.dumps({**cfg, field: value}))
+        with pytest.raises(DoolyError, match=rf"{field}\.json: {field}={value} is outside 0\.\.{SIZE_LIMITS[field]}"):
+            load_config(f)
+    nested = {"model_type": "llava", "text_config": {**cfg, "num_hidden_layers": 5000}}
+    with pytest.raises(DoolyError, match=r"text_config\.num_hidden_layers=5000"):
+        resolve_model(nested)
+    with pytest.raises(DoolyError, match=r"num_hidden_layers=2000"):  # a dict handed to the tracer directly
+        trace_model({**cfg, "num_hidden_layers": 2000}, "prefill", name="deep-model")
+
+
+def test_a_model_far_beyond_the_memory_is_refused_without_counting_it(monkeypatch) -> None:
+    from dooly.engines import base
+    from dooly.engines.hf import HFEagerEngine
+    from dooly.zoo import min_parameters
+
+    cfg = {**load_config("smollm2-135m").config, "num_hidden_layers": 1000, "hidden_size": 65536}
+    assert min_parameters(cfg) > 1000 * 2 * 65536**2
+    eng = HFEagerEngine()
+    monkeypatch.setattr(eng, "num_parameters", lambda c: pytest.fail("built on the meta device"))
+    monkeypatch.setattr(base, "free_memory_bytes", lambda device: 2**30)
+    with pytest.raises(DoolyError, match=r"its weights take at least .* in bfloat16 and cpu has 1\.00 GiB free"):
+        eng.check_weights_fit(cfg, name="giant")

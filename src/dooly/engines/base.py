@@ -146,14 +146,20 @@ class Engine(ABC):
         if free is None:
             return
         dtype = getattr(self, "dtype", "float32")
-        try:
-            need = self.num_parameters(self.architecture(config)) * dtype_bytes(dtype)
-        except DoolyError:  # not countable here (transformers cannot build it): building it will say why
-            return
+        from dooly.zoo import min_parameters
+
+        # a bound from the config first: counting builds the model on the meta device, itself slow and large for
+        # a config far beyond the machine (thousands of layers)
+        need, take = (min_parameters(config) or 0) * dtype_bytes(dtype), "take at least"
+        if need + kv_cache_bytes <= WEIGHTS_SHARE_OF_FREE * free:
+            try:
+                need, take = self.num_parameters(self.architecture(config)) * dtype_bytes(dtype), "take"
+            except DoolyError:  # not countable here (transformers cannot build it): building it will say why
+                return
         if need + kv_cache_bytes > WEIGHTS_SHARE_OF_FREE * free:
             name = name or config.get("_name_or_path") or config.get("model_type", "the model")
             kv = f" (and its KV cache {size(kv_cache_bytes)})" if kv_cache_bytes else ""
-            raise DoolyError(f"{name}: its weights take {size(need)} in {dtype}{kv} and {self.device} has "
+            raise DoolyError(f"{name}: its weights {take} {size(need)} in {dtype}{kv} and {self.device} has "
                              f"{size(free)} free; run it on a machine (or device) with more memory")
 
     def tracing_context(self) -> AbstractContextManager[None]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dooly.errors import DoolyError
+from dooly.errors import DoolyError, one_line
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,72 @@ def _zoo_dir() -> Path:
     return Path(str(resources.files("dooly.zoo")))
 
 
+#: A config file is read only up to this size and this JSON nesting depth (a config.json is a few KiB, nested
+#: two or three levels): past them json.loads would take the memory, or the recursion limit, of a crafted file.
+MAX_CONFIG_BYTES = 16 * 2**20
+MAX_JSON_DEPTH = 64
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str) -> int:
+    """Deepest nesting of arrays and objects in JSON ``text`` (brackets inside strings not counted)."""
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub("", text)):
+        depth += 1 if m.group() in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)  # a FIFO or /dev/zero is cut off here too
     except OSError as exc:
         raise DoolyError(f"{path}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
-        raise DoolyError(f"{path}: not valid JSON ({exc})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise DoolyError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a model config")
+    text = raw.decode("utf-8", "replace")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise DoolyError(f"{path}: JSON nested {depth} deep, more than the {MAX_JSON_DEPTH} a model config may be")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise DoolyError(f"{path}: not valid JSON ({one_line(exc)})") from None
+
+
+#: The largest value dooly accepts per config field, far above any published decoder (405B-class models: 126
+#: layers, hidden 16384, FFN 53248; vocabularies up to 256k; MoE up to 256 routed experts). Tracing runs the
+#: model layer by layer on fake tensors, so its time and memory grow with the layer count (about a second and
+#: some megabytes per layer); 100,000 layers would run for hours and print nothing.
+_LIMITS = (
+    (1024, ("num_hidden_layers", "n_layer", "num_layers")),
+    (1 << 17, ("hidden_size", "n_embd", "d_model")),
+    (1 << 20, ("intermediate_size", "ffn_dim", "n_inner", "moe_intermediate_size")),
+    (1 << 22, ("vocab_size",)),
+    (4096, ("num_attention_heads", "num_key_value_heads", "num_local_experts", "num_experts", "n_routed_experts")),
+    (1 << 24, ("max_position_embeddings",)),
+)
+SIZE_LIMITS: dict[str, int] = {key: limit for limit, keys in _LIMITS for key in keys}
+
+
+def check_sizes(config: Mapping[str, Any], source: str) -> None:
+    """Refuse, in one line naming ``source`` and the field, a config whose sizes no real model has (see
+    :data:`SIZE_LIMITS`): it would trace for hours, or ask for exabytes of weights, instead of failing."""
+    text = config.get("text_config")
+    scopes = [("", config)] + ([("text_config.", text)] if isinstance(text, Mapping) else [])
+    for prefix, fields in scopes:
+        for key, limit in SIZE_LIMITS.items():
+            v = fields.get(key)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                continue
+            if not 0 <= v <= limit:
+                raise DoolyError(
+                    f"{source}: {prefix}{key}={v} is outside 0..{limit}, the range dooly accepts "
+                    "(no published model comes near it)"
+                )
 
 
 def _from_zoo_file(path: Path) -> ModelConfig:
@@ -50,6 +110,7 @@ def _from_zoo_file(path: Path) -> ModelConfig:
     cfg = doc["config"]
     if not cfg.get("model_type"):
         raise DoolyError(f"{path}: config has no 'model_type'")
+    check_sizes(cfg, str(path))
     return ModelConfig(
         name=str(doc.get("name") or path.stem),
         config=cfg,
@@ -84,6 +145,7 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
         return _from_zoo_file(path)
     if not isinstance(doc, dict) or not doc.get("model_type"):
         raise DoolyError(f"{path}: not a Hugging Face config.json (no 'model_type')")
+    check_sizes(doc, str(path))
     name = path.parent.name if path.name == "config.json" else path.stem
     return ModelConfig(name=name or path.stem, config=doc, source=str(path), family=str(doc["model_type"]))
 
@@ -95,7 +157,9 @@ def resolve_model(model: str | Path | Mapping[str, Any]) -> tuple[str, dict[str,
     """
     if isinstance(model, Mapping):
         cfg = dict(model)
-        return str(cfg.get("_name_or_path") or cfg.get("model_type")), cfg
+        name = str(cfg.get("_name_or_path") or cfg.get("model_type"))
+        check_sizes(cfg, name)
+        return name, cfg
     mc = load_config(model)
     return mc.name, dict(mc.config)
 
@@ -113,6 +177,23 @@ def num_layers(config: Mapping[str, Any]) -> int | None:
         if isinstance(t.get(k), int):
             return int(t[k])
     return None
+
+
+def min_parameters(config: Mapping[str, Any]) -> int | None:
+    """A lower bound on the parameters of a decoder from its config, without building it: the token embedding,
+    and per layer the query and output projections (2 hidden^2) and an MLP of two matrices per expert (None
+    when the config names no layer count or hidden size). Cheap where building even on the meta device is not."""
+    t = _text_fields(config)
+
+    def first(*keys: str) -> int:
+        return next((int(t[k]) for k in keys if isinstance(t.get(k), int) and not isinstance(t.get(k), bool)), 0)
+
+    layers, hidden = num_layers(config), first("hidden_size", "n_embd", "d_model")
+    if not layers or not hidden:
+        return None
+    inter = first("moe_intermediate_size", "intermediate_size", "ffn_dim", "n_inner")
+    experts = max(1, first("num_local_experts", "num_experts", "n_routed_experts"))
+    return first("vocab_size") * hidden + layers * (2 * hidden * hidden + 2 * hidden * inter * experts)
 
 
 def at_depth(config: Mapping[str, Any], layers: int) -> dict[str, Any] | None:
@@ -166,5 +247,5 @@ def realistic_list() -> list[str]:
     return [m for group in REALISTIC_GROUPS.values() for m in group]
 
 
-__all__ = ["REALISTIC_GROUPS", "ModelConfig", "at_depth", "list_models", "load_config", "max_positions",
-           "num_layers", "realistic_list", "resolve_model"]  # fmt: skip
+__all__ = ["REALISTIC_GROUPS", "SIZE_LIMITS", "ModelConfig", "at_depth", "check_sizes", "list_models", "load_config",
+           "max_positions", "min_parameters", "num_layers", "realistic_list", "resolve_model"]  # fmt: skip
