@@ -59,9 +59,19 @@ def ingest(
     output: Path = typer.Option(..., "-o", "--output", help="Parquet file to write."),
     format: str = typer.Option(None, "--format", help=f"Force a format: {', '.join(FORMATS)}."),
     workload: str = typer.Option(None, "--workload", help="Workload name stored in the trace metadata."),
+    decoder: str = typer.Option(
+        None, "--decoder", help="CTF decoder: native (default; CTF 1.8 and 2) or babeltrace2 (its text; CTF 1.8)."
+    ),
 ) -> None:
     """Read a real trace into the Trace table (Parquet)."""
-    trace = _read(path, format)
+    from tracesynth.io.babeltrace import ctf_decoder, selected_decoder
+
+    token = ctf_decoder.set(decoder)
+    try:
+        selected_decoder()  # an unknown name fails before the trace is read
+        trace = _read(path, format)
+    finally:
+        ctf_decoder.reset(token)
     if workload:
         trace.metadata["workload"] = workload
     trace.save(output)

@@ -45,10 +45,11 @@ def detect_format(path: str | Path) -> str:
         if not metas:
             raise TraceSynthError("directory holds no CTF trace (no 'metadata' file found)", p)
         text = metas[0].read_bytes()
-        if not (text.startswith(b"/* CTF") or text[:4] in _CTF_METADATA_MAGIC):
+        ctf2 = text.lstrip(b" \t\r\n")[:1] == b"\x1e"  # CTF 2: a JSON text sequence (LTTng 2.15's default)
+        if not (text.startswith(b"/* CTF") or text[:4] in _CTF_METADATA_MAGIC or ctf2):
             raise TraceSynthError(f"{metas[0].name!r} is not CTF metadata (neither TSDL text nor packetized)", metas[0])
         # the env block names the tracer; LTTng's metadata is packetized but its TSDL text stays readable
-        tracer = re.search(rb'tracer_name\s*=\s*"([^"]*)"', text)
+        tracer = re.search(rb'tracer_name\s*=\s*"([^"]*)"', text) or re.search(rb'"tracer_name"\s*:\s*"([^"]*)"', text)
         if tracer and tracer.group(1).startswith(b"lttng"):
             return "lttng"
         if b"perf" in text:

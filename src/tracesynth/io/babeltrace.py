@@ -78,6 +78,19 @@ _PRETTY_PARAMS = (
 _DICT = pa.dictionary(pa.int32(), pa.string())
 # Callers up the stack (the CLI's progress bar) get the event count of each parsed block.
 progress_callback: ContextVar[Callable[[int], None] | None] = ContextVar("progress_callback", default=None)
+# Which CTF decoder iter_ctf_batches/ctf_metadata use: "native" (tracesynth.io.ctf, the default;
+# reads CTF 1.8 and CTF 2) or "babeltrace2" (this module's text path). `tracesynth ingest --decoder`
+# sets it; TRACESYNTH_CTF_DECODER is the default when it is unset.
+DECODERS = ("native", "babeltrace2")
+ctf_decoder: ContextVar[str | None] = ContextVar("ctf_decoder", default=None)
+
+
+def selected_decoder() -> str:
+    """The CTF decoder in force (TraceSynthError for an unknown name)."""
+    name = ctf_decoder.get() or os.environ.get("TRACESYNTH_CTF_DECODER") or "native"
+    if name not in DECODERS:
+        raise TraceSynthError(f"unknown CTF decoder {name!r} (choose from {', '.join(DECODERS)})")
+    return name
 _HEADER = (
     r"^\[(?P<sign>-?)(?P<s>[0-9]+)\.(?P<ns>[0-9]{9})\] (?P<name>[^ \n]+?):(?: |\n|$)"
     r"(?:stream\.packet\.context = \{[^{}]*?cpu_id = (?P<cpu>[0-9]+))?"
@@ -234,7 +247,12 @@ def check_packetized_metadata(path: Path) -> None:
 
 
 def ctf_metadata(path: str | Path) -> dict[str, Any]:
-    """Environment, clocks and trace UUID of one CTF trace directory (via `-o ctf-metadata`)."""
+    """Environment, clocks and trace UUID of one CTF trace directory (the native metadata parser,
+    or babeltrace2's `-o ctf-metadata` when that decoder is selected)."""
+    if selected_decoder() == "native":
+        from tracesynth.io.ctf import native_ctf_metadata
+
+        return native_ctf_metadata(path)
     if (Path(path) / "metadata").is_file():
         check_packetized_metadata(Path(path) / "metadata")
     text = run_babeltrace2(["-o", "ctf-metadata", str(path)], path)
@@ -957,6 +975,11 @@ def iter_ctf_batches(
     for msg in stream_warnings(path):
         warnings.warn(msg, stacklevel=3)
     on_progress = on_progress or progress_callback.get()
+    if selected_decoder() == "native" and not extra_args:
+        native = _native_batches(path, fields, on_progress)
+        if native is not None:
+            yield from native
+            return
     if batch_bytes >= 1 << 31:
         raise ValueError("batch_bytes must stay below 2 GiB (int32 string offsets)")
     cmd = [babeltrace2_binary(), str(path), *extra_args, "-c", "sink.text.pretty", "-p", _PRETTY_PARAMS]
@@ -1004,6 +1027,24 @@ def iter_ctf_batches(
             if proc.stdout is not None:
                 proc.stdout.close()
             reader.join(timeout=5)
+
+
+def _native_batches(
+    path: Path, fields: Sequence[Field], on_progress: Callable[[int], None] | None
+) -> list[pa.RecordBatch] | None:
+    """The trace decoded by tracesynth.io.ctf, or None (with a warning) when its metadata uses a
+    layout that decoder does not handle: babeltrace2 then reads it."""
+    from tracesynth.io.ctf import Unsupported, iter_native_batches
+
+    try:
+        batches = list(iter_native_batches(path, fields))
+    except Unsupported as exc:
+        warnings.warn(f"{path}: the native CTF decoder cannot read this trace ({exc}); using babeltrace2", stacklevel=4)
+        return None
+    if on_progress is not None:
+        for b in batches:
+            on_progress(b.num_rows)
+    return batches
 
 
 def empty_batch(fields: Sequence[Field] = ()) -> pa.RecordBatch:

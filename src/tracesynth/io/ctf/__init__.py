@@ -222,13 +222,17 @@ def iter_native_batches(path: str | Path, fields: Sequence[Any], batch_rows: int
     if got["ts"] is None:
         raise TraceSynthError("the trace has no clock: its events carry no timestamps", path)
     n = len(got["ts"])
-    names = pa.array(got["names"], pa.string())
     for a in range(0, n, batch_rows):
         sl = slice(a, min(n, a + batch_rows))
         cpu, cpu_ok = got["cpu"]
+        # names in order of first appearance, as babeltrace2's text gives them
+        uniq, first, codes = np.unique(got["event"][sl], return_index=True, return_inverse=True)
+        rank = np.empty(len(uniq), dtype=np.int32)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(uniq), dtype=np.int32)
+        names = pa.array([got["names"][u] for u in uniq[np.argsort(first, kind="stable")].tolist()], pa.string())
         cols: dict[str, pa.Array] = {
             "ts": pa.array(got["ts"][sl], pa.int64()),
-            "event": pa.DictionaryArray.from_arrays(pa.array(got["event"][sl], pa.int32()), names),
+            "event": pa.DictionaryArray.from_arrays(pa.array(rank[codes.ravel()], pa.int32()), names),
             "cpu": pa.array(cpu[sl].astype(np.int32), pa.int32(), mask=~cpu_ok[sl]),
         }
         for f, (vals, valid) in zip(fields, got["columns"], strict=True):

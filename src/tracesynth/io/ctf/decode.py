@@ -14,7 +14,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracesynth.io.ctf.compile import CtfDecodeError, Emitter, exec_source, field_kind, ref_names
+from tracesynth.io.ctf.compile import CtfDecodeError, Emitter, exec_source, field_kind, ref_names, static_size
 from tracesynth.io.ctf.model import EventClass, Int, StreamClass, Struct, TraceClass
 
 PACKET_MAGIC = 0xC1FC1FC1
@@ -172,18 +172,28 @@ def compile_stream(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> Stream
     e = _ScopeEmitter(ns, refs, "header", indent=2)
     only = next(iter(sc.events)) if len(sc.events) == 1 else 0
     e.emit(f"_id = {only}")
-    e.emit("p0 = p")
+    hs = static_size(sc.event_header) if sc.event_header is not None else None
+    may_be_empty = hs is None or hs[0] == 0  # an event of no size would loop forever
+    if may_be_empty:
+        e.emit("p0 = p")
     e.root(sc.event_header, "event.header", {})
     got = e.root(sc.event_context, "event.common_context", {m: s for m, s in co_slots})
     e.flush()
     if co_slots:
         e.emit(f"C(({', '.join(['n', *(got.get(s, 'None') for _, s in co_slots)])},))")
-    e.emit("f = EV.get(_id)")
-    e.emit("if f is None:")
-    e.emit("    raise CtfDecodeError('event record class id %d is not in the metadata' % _id)")
-    e.emit("p = f(buf, p, n)")
-    e.emit("if p <= p0:")
-    e.emit("    raise CtfDecodeError('an event record of no size')")
+    e.emit("try:")
+    e.emit("    f = EV[_id]")
+    e.emit("except KeyError:")
+    e.emit("    raise CtfDecodeError('event record class id %d is not in the metadata' % _id) from None")
+    # an event class of fixed size nobody reads a field of is skipped by its size (an int in EV)
+    e.emit("if f.__class__ is int:")
+    e.emit("    p += f")
+    e.emit("else:")
+    e.emit("    p = f(buf, p, n)")
+    if may_be_empty:
+        e.emit("if p <= p0:")
+        e.emit("    raise CtfDecodeError('an event record of no size')")
+    body_state = (e.known, e.res)
     e.emit("T(clk)")
     e.emit("I(_id)")
     e.emit("n += 1")
@@ -204,10 +214,29 @@ def compile_stream(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> Stream
         src += _event_source(ns, refs, e.roots, ev, per_event[eid], fname, records)
     ns["EV_NAMES"] = evfuncs
     glb = exec_source("\n".join(src), ns)
-    glb["EV"] = {eid: glb[f] for eid, f in evfuncs.items()}
+    glb["EV"] = {eid: _fixed_size(ev, body_state, per_event[eid]) for eid, ev in sc.events.items()}
+    for eid, f in evfuncs.items():
+        if glb["EV"][eid] is None:
+            glb["EV"][eid] = glb[f]
     dec = StreamDecoder(sc, glb["packet"], glb["run"], sources, len(pk_slots), len(co_slots), records)
     dec.slots = {"packet": [s for _, s in pk_slots], "common": [s for _, s in co_slots]}  # type: ignore[attr-defined]
     return dec
+
+
+def _fixed_size(ev: EventClass, state: tuple[int, int], mine: dict[str, dict[str, str]]) -> int | None:
+    """The size in bits of an event class's context and payload when it is the same for every
+    event (fixed layout, nothing to read, aligned already where the event header ends)."""
+    if mine["event.context"] or mine["event.payload"]:
+        return None
+    total = 0
+    for fc in (ev.context, ev.payload):
+        if fc is None:
+            continue
+        st = static_size(fc)
+        if st is None or state[0] < st[1] or (state[1] + total) % st[1]:
+            return None
+        total += st[0]
+    return total
 
 
 def _event_source(
