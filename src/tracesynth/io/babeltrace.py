@@ -91,6 +91,8 @@ def selected_decoder() -> str:
     if name not in DECODERS:
         raise TraceSynthError(f"unknown CTF decoder {name!r} (choose from {', '.join(DECODERS)})")
     return name
+
+
 _HEADER = (
     r"^\[(?P<sign>-?)(?P<s>[0-9]+)\.(?P<ns>[0-9]{9})\] (?P<name>[^ \n]+?):(?: |\n|$)"
     r"(?:stream\.packet\.context = \{[^{}]*?cpu_id = (?P<cpu>[0-9]+))?"
