@@ -1,14 +1,18 @@
-"""Constraint mining, checking and repair, measured against the targets of issue 16.
+"""Constraint mining, checking and repair, measured against the targets of issues 16 and 48.
 
     PYTHONPATH=src .venv/bin/python bench/bench_constraints.py [--data data] [--events 3000000] [--sample-events 20000]
 
-* false positives: for every shipped workload (data/*.parquet) and the shared LTTng trace
-  (../shared/traces/lttng-wget-kernel, when present), rules are mined on the first 70% (50%) in
-  time and checked on the last 30% (50%); everything flagged on real data is a false positive
-  (target <= 0.5% on both);
+* false positives: for every shipped workload (data/*.parquet), the shared LTTng trace
+  (../shared/traces/lttng-wget-kernel, when present) and the phase-change trace
+  (tests/fixtures/phase/xz-then-sqlite.parquet: xz, then sqlite3), rules are mined on the first
+  70% (50%) in time and checked on the last 30% (50%); everything flagged on real data is a false
+  positive (target <= 0.5% on both). The last 50% is the phase-change column: in the phase-change
+  trace it is the second workload (its sqlite3 part starts at 49.99% of the events). What the
+  advisory entries would flag is shown apart (never counted);
 * repair of a Markov-4 sample (tracesynth.baselines.markov, fitted on the first 70%), plain and drawn
   under the kernel invariants (`guide="kernel"`): violations before and after, edit rate = events
-  changed / events (target <= 5%, zero violations after), and which fix made the edits;
+  changed / events (target <= 5% plain, <= 0.5% guided, zero violations after), and which fix made
+  the edits;
 * repair throughput on a badly broken sample (what an untrained generator emits: every column
   drawn independently from the real events, so most events break a rule): events/s, and that it
   still ends with zero violations;
@@ -35,14 +39,19 @@ from tracesynth.trace import Trace
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_LTTNG = REPO.parent / "shared" / "traces" / "lttng-wget-kernel"
-FP_TARGET, EDIT_TARGET, CHECK_TARGET = 0.005, 0.05, 1_000_000
+PHASE_TRACE = REPO / "tests" / "fixtures" / "phase" / "xz-then-sqlite.parquet"
+FP_TARGET, EDIT_TARGET, GUIDED_EDIT_TARGET, CHECK_TARGET = 0.005, 0.05, 0.005, 1_000_000
 HELD_OUT = (0.3, 0.5)
 
 
-def load_traces(data: Path) -> dict[str, Trace]:
+def load_traces(data: Path, out: Console | None = None) -> dict[str, Trace]:
     traces = {f.stem: Trace.load(f) for f in sorted(data.glob("*.parquet"))}
     if SHARED_LTTNG.exists():
         traces["lttng-wget"] = read_trace(SHARED_LTTNG)
+    elif out is not None:
+        out.print(f"note: {SHARED_LTTNG} is absent, so the real LTTng trace is skipped")
+    if PHASE_TRACE.exists():
+        traces["phase:xz-then-sqlite"] = Trace.load(PHASE_TRACE)
     return traces
 
 
@@ -53,18 +62,22 @@ def tile(trace: Trace, n_events: int) -> Trace:
     return Trace.concat([trace.with_columns(ts=trace.ts + i * span) for i in range(k)])
 
 
-def false_positives(name: str, trace: Trace) -> list[str]:
-    """One table row: FP rate on the last 30% and the last 50%, what was flagged, rules enforced."""
-    cells, flagged, enforced = [], [], []
+def false_positives(name: str, trace: Trace) -> tuple[list[str], list[float]]:
+    """One table row (FP rate on the last 30% and the last 50%, learned entries enforced /
+    advisory, what was flagged, what advisory entries would flag) and the two rates."""
+    cells, rates, flagged, entries, advisory = [], [], [], [], []
     for held in HELD_OUT:
         train, test = split_by_time(trace, (1 - held, held))
         rules = mine_rules([train])
         rep = check_trace(test, rules)
+        rates.append(rep.rate)
         cells.append(f"[{'green' if rep.rate <= FP_TARGET else 'red'}]{rep.rate:.3%}[/]")
         flagged.append(", ".join(f"{k} {v}" for k, v in rep.counts.items() if v) or "-")
-        learned = sum(v["enforced"] for v in rules.rule_table().values() if v["kind"] == "learned")
-        enforced.append(str(learned))
-    return [name, f"{len(trace):,}", *cells, " / ".join(enforced), " | ".join(flagged)]
+        learned = [v for v in rules.rule_table().values() if v["kind"] == "learned"]
+        entries.append(f"{sum(v['enforced'] for v in learned)}/{sum(v.get('advisory', 0) for v in learned)}")
+        advisory.append(", ".join(f"{k} {v}" for k, v in rep.advisory.items() if v) or "-")
+    row = [name, f"{len(trace):,}", *cells, " | ".join(entries), " | ".join(flagged), " | ".join(advisory)]
+    return row, rates
 
 
 def switchless_changes(trace: Trace) -> int:
@@ -88,7 +101,7 @@ def markov_repair(name: str, trace: Trace, n: int, guide: str = "none") -> tuple
     fixed, rep = repair_trace(raw, rules, seed=0)
     rs = time.perf_counter() - t0
     after = check_trace(fixed, rules).total
-    ok = rep.edit_rate <= EDIT_TARGET and after == 0
+    ok = rep.edit_rate <= (GUIDED_EDIT_TARGET if guide == "kernel" else EDIT_TARGET) and after == 0
     row = [
         name,
         guide,
@@ -148,7 +161,7 @@ def main() -> None:
     ap.add_argument("--broken-events", type=int, default=50_000, help="events per badly broken sample")
     args = ap.parse_args()
     out = Console(width=220)
-    traces = load_traces(args.data)
+    traces = load_traces(args.data, out)
     if not traces:
         raise SystemExit(f"no traces: {args.data}/*.parquet is empty and {SHARED_LTTNG} is absent")
 
@@ -156,14 +169,19 @@ def main() -> None:
         "trace",
         "events",
         "FP last 30%",
-        "FP last 50%",
-        "learned enforced",
+        "FP last 50% (phase change)",
+        "learned enforced/advisory (30% | 50%)",
         "flagged (30% | 50%)",
+        "advisory would flag, not counted (30% | 50%)",
         title=f"false positives on real held-out data (target <= {FP_TARGET:.1%})",
     )
+    worst = [0.0, 0.0]
     for name, trace in traces.items():
-        fp.add_row(*false_positives(name, trace))
+        row, rates = false_positives(name, trace)
+        fp.add_row(*row)
+        worst = [max(w, r) for w, r in zip(worst, rates, strict=True)]
     out.print(fp)
+    out.print(f"worst FP rate: {worst[0]:.3%} on the last 30%, {worst[1]:.3%} on the last 50% (target {FP_TARGET:.1%})")
 
     rp = Table(
         "workload",
@@ -176,7 +194,8 @@ def main() -> None:
         "thread changes w/o switch",
         "edits by fix",
         "repair ev/s",
-        title=f"repair of Markov-4 samples (target: edit rate <= {EDIT_TARGET:.0%}, 0 after)",
+        title=f"repair of Markov-4 samples (target: edit rate <= {EDIT_TARGET:.0%} plain, "
+        f"<= {GUIDED_EDIT_TARGET:.1%} guided, 0 after)",
     )
     for name, trace in traces.items():
         if name != "lttng-wget":  # the issue's target is on the shipped workloads
