@@ -10,8 +10,9 @@ A database a user received from elsewhere is input, not trusted: an existing fil
 profile database (its tables and schema marker, every column) before anything is written, and a foreign
 SQLite file is refused untouched. ``ProfileStore(path, readonly=True)`` (the commands that only read) never
 writes the file nor creates one: the database is copied into memory, where the trace cache may still be
-filled for the run. A writable store creates its file on the first write only, and removes a file it created
-when the run fails before measuring anything.
+filled for the run. A writable store creates its file on the first write only, whole (schema included, made
+under a temporary name and linked into place, so a kill never leaves a 0-byte or schema-less file), and
+removes a file it created when the run fails before measuring anything.
 """
 
 from __future__ import annotations
@@ -304,6 +305,59 @@ def _memory_db() -> sqlite3.Connection:
     return con
 
 
+def _empty(path: Path) -> bool:
+    """A 0-byte file with no committed writes beside it (an older dooly's, killed as it created the file)."""
+    wal = Path(f"{path}-wal")
+    return path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size > 0)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _create_atomically(path: Path) -> bool:
+    """Make the database file with its whole schema under a temporary name beside it, then link it into place:
+    a run killed at any instant leaves either no file or a valid empty database, never a 0-byte file or one
+    whose schema sits only in a ``-wal`` file. Returns whether this call created it (another process may have
+    meanwhile: its file is kept). A 0-byte file at ``path`` is replaced."""
+    for stale in path.parent.glob(f".{path.name}.*.new"):  # left by a run killed within the few ms below
+        pid = stale.name[len(path.name) + 2 : -len(".new")]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.new"
+    tmp.unlink(missing_ok=True)
+    try:
+        con = _connect(str(tmp), isolation_level=None)
+        try:
+            con.executescript(_SCHEMA)
+            con.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            con.execute("PRAGMA journal_mode=WAL")  # kept in the file's header; the -wal file goes on close
+        finally:
+            con.close()
+        if path.exists():  # a 0-byte file: nothing to keep
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)  # fails where the file appeared meanwhile: never replace another run's database
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links
+            if path.exists():
+                return False
+            os.rename(tmp, path)
+        return True
+    except sqlite3.DatabaseError as exc:
+        raise DoolyError(f"{path}: cannot create the profile database ({exc})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class ProfileStore:
     """The profile database. Open it with ``ProfileStore(path)``; use as a context manager to close it.
 
@@ -318,7 +372,7 @@ class ProfileStore:
         if self.path.is_dir():
             raise DoolyError(f"{self.path}: is a directory, expected a profile database file")
         exists = self.path.exists()
-        empty = exists and self.path.stat().st_size == 0  # e.g. left behind by an older dooly: nothing to keep
+        empty = exists and _empty(self.path)  # e.g. left behind by an older dooly: nothing to keep
         if readonly:
             self._db = _memory_db() if not exists or empty else self._snapshot()
             return
@@ -371,7 +425,8 @@ class ProfileStore:
     def _materialise(self) -> None:
         """Create the file on the first write (nothing was written to the in-memory stand-in)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._created = not self.path.exists()
+        if not self.path.exists() or _empty(self.path):
+            self._created = _create_atomically(self.path)
         db = self._connect_rw()
         try:
             db.execute("BEGIN IMMEDIATE")  # one transaction: a kill leaves either no schema or all of it

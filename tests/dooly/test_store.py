@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dooly.errors import DoolyError
-from dooly.store import Measurement, ProfileContext, ProfileStore, canonical_point, hardware_fingerprint
+from dooly.store import Measurement, ProfileContext, ProfileStore, canonical_point, hardware_fingerprint, open_readonly
 
 CTX = ProfileContext(hardware="cpu:test:cores2:threads1", engine="hf-eager", backend="eager", dtype="float32")
 M = Measurement(median_s=1e-4, p10_s=9e-5, p90_s=1.2e-4, repeats=7, cost_s=2e-3)
@@ -244,3 +244,44 @@ def test_a_db_in_a_readonly_directory_reads_and_says_why_it_cannot_be_written(tm
     assert "read 1" in res.stdout and "report rows 0" in res.stdout
     assert "is read-only" in res.stdout and "not a dooly profile database" not in res.stdout
     assert path.read_bytes() == before and _listing(d) == ["p.db"]
+
+
+_KILLED_AFTER_FIRST_WRITE = """
+import os, sys
+from dooly.store import ProfileStore
+st = ProfileStore(sys.argv[1])
+st.put_trace("hf-eager/cpu", "m", "prefill", '{"records": []}')  # what a profile writes first, while tracing
+os._exit(9)  # killed: no close, no checkpoint
+"""
+
+
+def test_a_run_killed_after_its_first_write_leaves_a_whole_database(tmp_path: Path) -> None:
+    db = tmp_path / "p.db"
+    subprocess.run([sys.executable, "-c", _KILLED_AFTER_FIRST_WRITE, str(db)], check=False)
+    assert db.stat().st_size > 0
+    alone = tmp_path / "alone" / "p.db"  # the main file without its -wal: the schema is in it, not only in the WAL
+    alone.parent.mkdir()
+    shutil.copy(db, alone)
+    open_readonly(alone).close()
+    with ProfileStore(db, readonly=True) as st:  # the -wal's commit is read too
+        assert st.get_trace("hf-eager/cpu", "m", "prefill") == '{"records": []}'
+    assert [p.name for p in tmp_path.glob(".*")] == []  # no temporary file left beside it
+
+
+def test_the_file_appears_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "p.db"
+
+    def killed(*a: object) -> None:
+        raise KeyboardInterrupt  # the run stops while the file is being made
+
+    monkeypatch.setattr(os, "link", killed)
+    with pytest.raises(KeyboardInterrupt), ProfileStore(db) as st:
+        st.put_trace("e", "m", "prefill", "{}")
+    assert _listing(tmp_path) == []
+    monkeypatch.undo()
+    db.write_bytes(b"")  # an older dooly's 0-byte file: replaced by a whole database
+    with ProfileStore(db) as st:
+        st.put_point(CTX, "sigA", {"tokens": 4}, M)
+    assert _listing(tmp_path) == ["p.db"]
+    with ProfileStore(db, readonly=True) as st:
+        assert len(st.points(CTX, "sigA")) == 1
