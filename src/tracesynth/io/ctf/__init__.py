@@ -12,6 +12,7 @@ without a clock).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ def _decode_dir(trace_dir: Path, wants: list[Want], rank0: int) -> list[tuple[tu
         try:
             sd = decode_file(tc, decoders, data)
         except (CtfDecodeError, Unsupported, RecursionError) as exc:
-            raise TraceSynthError(f"cannot decode this CTF stream (truncated or corrupt?): {exc}", f) from None
+            raise TraceSynthError(f"cannot read this trace (truncated or corrupt?): {exc}", f) from None
         # babeltrace2's muxer breaks timestamp ties by stream class id, then stream id
         inst = sd.instance if sd.instance is not None else k
         out.append(((rank0, sd.decoder.sc.id, inst, k), sd, tc))
@@ -204,12 +205,20 @@ def decode_trace(path: str | Path, wants: Sequence[Want]) -> dict[str, Any]:
     }
 
 
-def _str_column(vals: np.ndarray, valid: np.ndarray) -> pa.Array:
+def _str_column(vals: np.ndarray, valid: np.ndarray, bad_rows: set[int], a: int) -> pa.Array:
+    """A dictionary column of decoded strings (first appearance order); rows whose bytes are not
+    UTF-8 go to `bad_rows` (kept, the bad bytes replaced by U+FFFD, as the text path keeps them)."""
     codes = np.full(len(vals), -1, dtype=np.int32)
     lut: dict[bytes, int] = {}
     for i in np.flatnonzero(valid).tolist():
         codes[i] = lut.setdefault(vals[i], len(lut))
-    words = [bytes(b).decode("utf-8", "replace") for b in lut]
+    words = []
+    for k, b in enumerate(lut):
+        try:
+            words.append(bytes(b).decode("utf-8"))
+        except UnicodeDecodeError:
+            words.append(bytes(b).decode("utf-8", "replace"))
+            bad_rows.update((np.flatnonzero(codes == k) + a).tolist())
     return pa.DictionaryArray.from_arrays(
         pa.array(codes, type=pa.int32(), mask=codes < 0), pa.array(words, pa.string())
     )
@@ -222,6 +231,7 @@ def iter_native_batches(path: str | Path, fields: Sequence[Any], batch_rows: int
     if got["ts"] is None:
         raise TraceSynthError("the trace has no clock: its events carry no timestamps", path)
     n = len(got["ts"])
+    bad: set[int] = set()
     for a in range(0, n, batch_rows):
         sl = slice(a, min(n, a + batch_rows))
         cpu, cpu_ok = got["cpu"]
@@ -239,8 +249,14 @@ def iter_native_batches(path: str | Path, fields: Sequence[Any], batch_rows: int
             if f.kind == "int":
                 cols[f.out] = pa.array(vals[sl], pa.int64(), mask=~valid[sl])
             else:
-                cols[f.out] = _str_column(vals[sl], valid[sl])
+                cols[f.out] = _str_column(vals[sl], valid[sl], bad, a)
         yield pa.RecordBatch.from_pydict(cols)
+    if bad:
+        warnings.warn(
+            f"{path}: {len(bad)} event(s) hold invalid UTF-8 in a string field (corrupt trace?); "
+            "kept with the bad bytes replaced by U+FFFD",
+            stacklevel=3,
+        )
 
 
 def native_ctf_metadata(path: str | Path) -> dict[str, Any]:

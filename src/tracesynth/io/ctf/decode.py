@@ -10,6 +10,7 @@ and payload: sizes skipped, requested fields read).
 from __future__ import annotations
 
 import fnmatch
+import struct
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -291,7 +292,7 @@ def decode_file(tc: TraceClass, decoders: dict[int, StreamDecoder], data: bytes)
             head = data[pos : pos + 4096]
             try:
                 p, clk, roles, pvals = _packet_head(tc, decoders, head, clk)
-            except (IndexError, CtfDecodeError):
+            except (IndexError, CtfDecodeError, struct.error):
                 head = data[pos:]
                 p, clk, roles, pvals = _packet_head(tc, decoders, head, clk)
             d = decoders[roles.get("stream_id", next(iter(decoders)) if len(decoders) == 1 else 0)]
@@ -312,7 +313,7 @@ def decode_file(tc: TraceClass, decoders: dict[int, StreamDecoder], data: bytes)
             packets.append((first, n - first, pvals))
         except CtfDecodeError as exc:
             raise CtfDecodeError(f"packet at byte {pos}: {exc}") from None
-        except (IndexError, ValueError, KeyError, NameError, OverflowError, TypeError) as exc:
+        except (IndexError, ValueError, KeyError, NameError, OverflowError, TypeError, struct.error) as exc:
             raise CtfDecodeError(f"packet at byte {pos}: cannot decode ({type(exc).__name__}: {exc})") from None
         pos += size // 8
     if dec is None:
