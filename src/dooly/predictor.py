@@ -17,7 +17,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -735,6 +735,7 @@ def validate_model(
     repeats: int = 5,
     store: object | None = None,
     rounds: int = 2,
+    on_step: Callable[[int, int, str], None] | None = None,
 ) -> list[ValidationRow]:
     """Measure real forwards at held-out shapes and pair them with the predictor's figures.
 
@@ -743,7 +744,7 @@ def validate_model(
     better than two measurements of the same pass agree with each other (:func:`round_spread`).
     With a ``store`` the measurements are kept (as models ``"<name>#holdout"``, ``"<name>#holdout2"``, ...,
     which the overhead fit never reads) and reused by the next call, so predictor changes can be re-scored
-    without re-measuring.
+    without re-measuring. ``on_step(done, total, what)`` follows the forwards (progress for the CLI).
     """
     import torch
 
@@ -762,10 +763,13 @@ def validate_model(
                 have[(key, ph, canonical_point(v))] = m
     model = None
     medians: dict[tuple[str, str], list[float]] = {}
+    step, done, total = on_step or (lambda d, t, w: None), 0, len(keys) * sum(len(vs) for vs in shapes.values())
     with fixed_threads(threads):
         for key in keys:
             for phase, vs in shapes.items():
                 for v in vs:
+                    step(done, total, f"{phase} " + " ".join(f"{k}={x}" for k, x in v.items()))
+                    done += 1
                     m = have.get((key, phase, canonical_point(v)))
                     if m is None:
                         if model is None:
@@ -775,6 +779,7 @@ def validate_model(
                         if store is not None:
                             store.put_forward(ctx, key, phase, v, m)  # type: ignore[attr-defined]
                     medians.setdefault((phase, canonical_point(v)), []).append(m.median_s)  # type: ignore[attr-defined]
+    step(total, total, "done")
     rows = []
     for phase, vs in shapes.items():
         for v in vs:

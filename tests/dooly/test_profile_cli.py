@@ -46,6 +46,7 @@ def test_plan_profile_validate(configs, monkeypatch) -> None:
     res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp"])
     assert res.exit_code == 0, res.output
     assert "MAPE prefill" in res.output and "decode" in res.output
+    assert re.search(r"measuring tiny-a: 0/(\d+) shapes, .*measuring tiny-a: \1/\1 shapes", res.output, re.S)
     # --keep stores the held-out forwards; a second --keep run re-scores them without measuring
     res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp", "--keep"])
     assert res.exit_code == 0, res.output
@@ -273,3 +274,47 @@ def test_validate_says_when_the_machine_was_busy(configs, monkeypatch) -> None:
         res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp"])
         assert res.exit_code == 0, res.output
         assert ("something else held the CPU" in res.output) is noted, res.output
+
+
+def test_long_steps_print_a_line_at_least_once_a_minute_in_a_log(monkeypatch) -> None:
+    import io
+    import time
+
+    from rich.console import Console
+
+    import dooly.cli.profile as cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=buf, force_terminal=False, width=200))
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    with cli._Steps("calibrating m") as steps:
+        for done, t in ((0, 0), (1, 10), (2, 50), (3, 70), (4, 100), (5, 140), (6, 150)):
+            now[0] = 1000.0 + t
+            steps(done, 6, f"shape {done}")
+    lines = buf.getvalue().splitlines()
+    assert [ln.split(" ", 1)[1] for ln in lines] == [
+        "calibrating m: 0/6 shapes, 0s elapsed (shape 0)",
+        "calibrating m: 3/6 shapes, 1m10s elapsed, about 1m10s left (shape 3)",  # a minute after the last line
+        "calibrating m: 5/6 shapes, 2m20s elapsed, about 28s left (shape 5)",
+        "calibrating m: 6/6 shapes, 2m30s elapsed (shape 6)",
+    ]
+
+
+def test_calibration_reports_each_shape(tmp_path: Path) -> None:
+    from dooly.engines import get_engine
+    from dooly.profiler import calibrate, context_for
+    from dooly.store import ProfileStore
+
+    cfg = tiny_config("tiny-cal")
+    shapes = {"prefill": [{"requests": 1, "tokens": 8}], "decode": [{"requests": 2, "kv_len": 16}]}
+    seen = []
+    engine = get_engine()
+    seed_traces(tmp_path / "p.db", cfg)
+    with ProfileStore(tmp_path / "p.db") as st:
+        calibrate("tiny-cal", cfg, st, engine, context_for(engine, 1), shapes=shapes, threads=1, repeats=1,
+                  on_step=lambda d, t, w: seen.append((d, t, w)))
+    total = 2 * 2 * 2  # two depths, two rounds, two shapes
+    assert seen[0] == (0, total, "building tiny-cal")
+    assert [d for d, t, w in seen if not w.startswith("building")] == list(range(1, total + 1))
+    assert seen[-1][:2] == (total, total) and "decode requests=2 kv_len=16" in seen[-1][2]

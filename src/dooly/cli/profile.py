@@ -7,7 +7,14 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from dooly.cli.app import app
@@ -39,6 +46,57 @@ _BUDGET_S = typer.Option(
     help="As --budget, but a cap on predicted profiling device time: the signatures no shape model covers are "
     "measured first, then the least certain of the rest while their predicted cost fits in S seconds.",
 )  # fmt: skip
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class _Steps:
+    """Progress of a long loop of real forwards (calibration, validation): a bar with the time left on a terminal,
+    else (a log) a plain line at the first step, at least once a minute after, and at the last.
+
+    Called as ``steps(done, total, what)``; a ``with`` block shows the bar."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.bar: Progress | None = None
+        self.task = None
+        self.t0 = self.last = 0.0
+
+    def __enter__(self) -> _Steps:
+        import time
+
+        self.t0 = time.monotonic()
+        self.last = -self.EVERY_S
+        if err.is_terminal:
+            columns = (MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), *columns, console=err)
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        import time
+
+        if self.bar is not None:
+            if self.task is None:
+                self.task = self.bar.add_task(self.title, total=total)
+            self.bar.update(self.task, completed=done, total=total, description=f"{self.title}: {what}")
+            return
+        now = time.monotonic()
+        if now - self.last < self.EVERY_S and 0 < done < total:
+            return
+        self.last, elapsed = now, now - self.t0
+        left = f", about {_clock(elapsed / done * (total - done))} left" if 0 < done < total else ""
+        line = f"{time.strftime('%H:%M:%S')} {self.title}: {done}/{total} shapes, {_clock(elapsed)} elapsed{left}"
+        err.print(f"{line} ({what})", highlight=False, soft_wrap=True)
 
 
 def _setup(device: str, dtype: str, threads: int | None, engine: str = DEFAULT_ENGINE):  # type: ignore[no-untyped-def]
@@ -229,7 +287,8 @@ def profile_cmd(
             for m in models:
                 name, cfg = resolve_model(m)
                 err.print(f"calibrating framework overhead on {name}")
-                calib += calibrate(name, cfg, store, engine, plan.ctx, threads=threads)
+                with _Steps(f"calibrating {name}") as steps:
+                    calib += calibrate(name, cfg, store, engine, plan.ctx, threads=threads, on_step=steps)
         for f in failures()[:10]:
             err.print(f"[yellow]could not time[/] {f}")
         out.print(f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
@@ -312,11 +371,13 @@ def validate_cmd(
         err.print(f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
                   f"signatures predicted from shape alone: {shaped}")  # fmt: skip
     err.print(f"measuring {name}")
-    if keep:
-        with ProfileStore(db) as store:
-            rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats, rounds=rounds, store=store)
-    else:
-        rows = validate_model(pred, cfg, engine, threads=threads, repeats=repeats, rounds=rounds)
+    with _Steps(f"measuring {name}") as steps:
+        kw = {"threads": threads, "repeats": repeats, "rounds": rounds, "on_step": steps}
+        if keep:
+            with ProfileStore(db) as store:
+                rows = validate_model(pred, cfg, engine, store=store, **kw)
+        else:
+            rows = validate_model(pred, cfg, engine, **kw)
     others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
     cols = ["phase", "shape", "measured ms", "rounds ms"]

@@ -7,7 +7,7 @@ model built from the same layers at another depth is then predicted from the slo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dooly.engines import Engine
@@ -41,9 +41,11 @@ def calibrate(
     shapes: Mapping[str, list[dict[str, int]]] | None = None,
     threads: int | None = None,
     repeats: int = 5,
+    on_step: Callable[[int, int, str], None] | None = None,
 ) -> float:
     """Measure and store real forwards of the model, and of it at half depth (as ``NAME#layersK``, with its
-    config), at the calibration shapes; returns seconds spent."""
+    config), at the calibration shapes; returns seconds spent. ``on_step(done, total, what)`` is called before the
+    first forward, as each model is built and after each shape is measured (minutes on a large model)."""
     import torch
 
     shapes = shapes_within(shapes or CALIBRATION_SHAPES, max_positions(config))
@@ -67,14 +69,17 @@ def calibrate(
     if not todo:
         return 0.0
     spent, model, built = 0.0, None, None
+    step = on_step or (lambda done, total, what: None)
     with fixed_threads(threads):
-        for variant, key, ph, v in todo:
+        for i, (variant, key, ph, v) in enumerate(todo):
             if variant != built:  # one model in memory at a time (a large model and its half would not fit)
                 model = None
+                step(i, len(todo), f"building {variant}")
                 torch.manual_seed(0)
                 model, built = engine.build_model(variants[variant]), variant
             m = measure_forward(engine, model, ph, v, repeats=repeats, clock=clock_of(ctx))
             store.put_forward(ctx, key, ph, v, m)
             spent += m.cost_s
+            step(i + 1, len(todo), f"{variant} {ph} " + " ".join(f"{k}={x}" for k, x in v.items()))
     del model
     return spent
