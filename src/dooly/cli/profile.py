@@ -248,7 +248,7 @@ def profile_cmd(
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
     from dooly.errors import DoolyError
-    from dooly.profiler import calibrate, failures, make_plan, run_plan
+    from dooly.profiler import calibrate, make_plan, run_plan
     from dooly.store import ProfileStore
     from dooly.zoo import resolve_model
 
@@ -289,7 +289,7 @@ def profile_cmd(
                 err.print(f"calibrating framework overhead on {name}")
                 with _Steps(f"calibrating {name}") as steps:
                     calib += calibrate(name, cfg, store, engine, plan.ctx, threads=threads, on_step=steps)
-        for f in failures()[:10]:
+        for f in stats["failures"][:10]:
             err.print(f"[yellow]could not time[/] {f}")
         out.print(f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
                   f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "

@@ -13,7 +13,7 @@ reuse saved.
 from dooly.profiler.calibrate import CALIBRATION_ROUNDS, CALIBRATION_SHAPES, calibrate
 from dooly.profiler.plan import GridSpec, Job, ModelPlan, Plan, make_plan, shapes_within
 from dooly.profiler.run import run_plan
-from dooly.profiler.runner import JobRunner, failures
+from dooly.profiler.runner import JobRunner
 from dooly.profiler.savings import ModelCost, Savings, profiled_savings, savings
 from dooly.profiler.timing import (
     TimerConfig,
@@ -47,7 +47,6 @@ __all__ = [
     "default_clock",
     "default_threads",
     "evict_caches",
-    "failures",
     "fixed_threads",
     "make_plan",
     "measure_forward",

@@ -38,11 +38,14 @@ def run_plan(
     ray_address: str | None = None,
     on_job: Callable[[Job, float], None] | None = None,
 ) -> dict[str, Any]:
-    """Execute the plan's jobs; every finished point is already committed when this returns or dies."""
+    """Execute the plan's jobs; every finished point is already committed when this returns or dies.
+
+    Returns the run's counts (``points``, ``failed``, ...), ``device_s``, ``wall_s``, ``completed`` (signatures
+    now complete) and ``failures``: one line per op that could not be timed standalone in this run."""
     t0 = time.perf_counter()
     if ray_address:
         spent = run_on_ray(plan, store, engine, timer, threads, ray_address, on_job)
-        stats: dict[str, Any] = {}
+        stats: dict[str, Any] = {"failures": []}  # a Ray worker's failures stay in its log
     else:
         runner = JobRunner(engine, store, plan.ctx, timer)
         spent = 0.0
@@ -52,7 +55,7 @@ def run_plan(
                 spent += s
                 if on_job:
                     on_job(job, s)
-        stats = dict(runner.stats)
+        stats = {**runner.stats, "failures": runner.failures}
         if not engine.device.startswith("cuda") and not store.forwards(plan.ctx, PAGE_COST_KEY[0]):
             # the page faults the op timings leave out, priced once per machine (see timing.reused_pages)
             with fixed_threads(threads):

@@ -142,6 +142,7 @@ class JobRunner:
         self.clock = clock_of(ctx)
         self._models: dict[tuple[str, int], Any] = {}
         self.stats = {"from_context": 0, "synthetic": 0, "points": 0, "failed": 0}
+        self.failures: list[str] = []  # ops this runner could not time standalone, one line each
 
     def _model(self, job: Job) -> Any:
         key = (job.model, job.num_layers)
@@ -183,7 +184,7 @@ class JobRunner:
                     m = time_calls(call, self.engine.device, self.timer, self.clock)
             except Exception as exc:  # an op that cannot run standalone is reported, not fatal
                 self.stats["failed"] += 1
-                _log_failure(sig, values, exc)
+                self.failures.append(f"{sig} at {dict(values)}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             m = Measurement(m.median_s, m.p10_s, m.p90_s, m.repeats, m.cost_s + share)
             self.store.put_point(self.ctx, key, values, m)
@@ -280,15 +281,3 @@ def _resolve_op(name: str) -> Any:
         return getattr(getattr(getattr(torch.ops, ns), op), overload)
     except AttributeError:
         raise DoolyError(f"operator {name} does not exist in this torch build") from None
-
-
-_FAILURES: list[str] = []
-
-
-def _log_failure(sig: Signature, values: Mapping[str, int], exc: Exception) -> None:
-    _FAILURES.append(f"{sig} at {dict(values)}: {type(exc).__name__}: {str(exc)[:200]}")
-
-
-def failures() -> list[str]:
-    """Ops that could not be timed standalone in this process (reported by the CLI)."""
-    return list(_FAILURES)
