@@ -140,8 +140,9 @@ KINDS: dict[str, Kind] = {
             ("format", "tracesynth-diffusion"),
             ("sampler", "sampling_steps", "device", "progress"),
         ),
-        Kind("masked", _token_builder(_masked_cls), _masked_cls, ("format", "tracesynth-masked-1"), ("workload",)),
-        Kind("ar", _token_builder(_ar_cls), _ar_cls, ("format", "tracesynth-ar-2"), ("workload", "guide")),
+        Kind("masked", _token_builder(_masked_cls), _masked_cls, ("format", "tracesynth-masked-1"),
+             ("workload", "progress")),
+        Kind("ar", _token_builder(_ar_cls), _ar_cls, ("format", "tracesynth-ar-2"), ("workload", "guide", "progress")),
         Kind("markov", _markov, _markov_cls, ("kind", "markov"), ("guide",)),
         Kind("sdv_par", _sdv_par, None, None),
     )

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from atomicio import atomic_path
+from tracesynth.bounds import SampleProgress, check_sample_size
 from tracesynth.channels import CHANNELS_2, CHANNELS_6, OTHER_NEGATIVE, UNKNOWN_EVENT, ChannelCodec
 from tracesynth.errors import TraceSynthError
 from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
@@ -382,7 +383,7 @@ class TokenModel:
         self.workloads = sorted({self._workload_of(t) for t in traces}) if cfg.conditional else []
         if saved is not None and saved != (self.codec.dumps(), self.workloads):
             raise TraceSynthError(f"{cfg.what}: cannot resume: these traces' vocabulary differs from the "
-                                  "checkpoint's (resume on the traces it was fitted on)")  # fmt: skip
+                                  "checkpoint's (resume on the traces it was fitted on)")
         self._fit_gap_table(traces, rng)
         if self.guides:
             self.kernel = KernelFacts.mine(traces)
@@ -412,7 +413,7 @@ class TokenModel:
         state = self._train_state
         if state["meta"]["step"] >= self.config.steps:
             raise TraceSynthError(f"{self.config.what}: already trained for {state['meta']['step']} steps; "
-                                  "ask for more steps")  # fmt: skip
+                                  "ask for more steps")
         return state
 
     def _train(self, data: dict[str, torch.Tensor], opt: torch.optim.Optimizer, rng: np.random.Generator,
@@ -463,13 +464,13 @@ class TokenModel:
         }
         sd = opt.state_dict()
         tensors = {f"opt.{i}.{k}": torch.as_tensor(v).detach().cpu().clone() for i, st in sd["state"].items()
-                   for k, v in st.items()}  # fmt: skip
+                   for k, v in st.items()}
         tensors["rng.torch"] = torch.get_rng_state()
         dev = next(self.model.parameters()).device
         if dev.type == "cuda":
             tensors["rng.cuda"] = torch.cuda.get_rng_state(dev)
         meta = {"step": step, "seconds": seconds, "losses": list(losses), "numpy_rng": rng.bit_generator.state,
-                "param_groups": sd["param_groups"]}  # fmt: skip
+                "param_groups": sd["param_groups"]}
         self._train_state = {"meta": meta, "tensors": tensors}
 
     def token_names(self, channel: str) -> list[str]:
@@ -519,9 +520,11 @@ class TokenModel:
         self.model.load_state_dict(out)
 
     # -- sampling -----------------------------------------------------------------------------
-    def sample(self, n_events: int, seed: int = 0, workload: str | None = None, guide: str | None = None) -> Trace:
+    def sample(self, n_events: int, seed: int = 0, workload: str | None = None, guide: str | None = None,
+               progress: bool = False) -> Trace:
         """A synthetic trace of n_events: `chains` chains of overlapping windows, each cut where the next one's first
-        event can follow it (`_seam_ends`), concatenated.
+        event can follow it (`_seam_ends`), concatenated. `progress` shows a bar (events done, time left) on stderr
+        once the sample has run a few seconds; n_events that would not fit in memory is refused before any work.
 
         A conditional model draws `workload` (one it learned; None: chain b draws workload b mod their number).
         `guide` "kernel" masks each draw with the kernel invariants (`tracesynth.guide`; a generator with
@@ -537,11 +540,31 @@ class TokenModel:
         if guide not in GUIDES or (guide != "none" and not can_guide):
             can = ", ".join(GUIDES) if can_guide else "none"
             raise TraceSynthError(f"{self.config.what}: no guide {guide!r} (it can take {can})")
-        cfg = self.config
-        L, K = cfg.context, cfg.overlap
+        check_sample_size(n_events, self.name)
+        chains = self.chains_for(n_events)
         gen = torch.Generator().manual_seed(seed)
         rng = np.random.default_rng(seed)
-        chains = self.chains_for(n_events)
+        with SampleProgress(n_events, progress) as bar:
+            seqs, kernel = self._draw_chains(n_events, chains, workload, guide, gen, bar)
+        ends = _seam_ends(seqs["event"], self.vocab["event"])
+        if kernel is not None:  # with the switches that hand a CPU from one chain's thread to the next one's
+            flat = kernel.join_chains(seqs, ends)
+        else:
+            flat = {c: np.concatenate([v[b, : ends[b]] for b in range(chains)]) for c, v in seqs.items()}
+        flat = {c: v[:n_events] for c, v in flat.items()}
+        gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
+        windows = dict(flat)
+        windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std
+        codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
+        meta = {"generator": self.name, "seed": seed, "guide": guide, **({"workload": workload} if workload else {})}
+        return codec.decode(windows, metadata=meta)
+
+    def _draw_chains(self, n_events: int, chains: int, workload: str | None, guide: str, gen: torch.Generator,
+                     bar: SampleProgress) -> tuple[dict[str, np.ndarray], KernelGuide | None]:
+        """Each chain's tokens [chains, per chain] (tid: labels unique across chains), drawn window after window,
+        each conditioned on the last `overlap` events of the one before; and the guide that masked the draws."""
+        cfg = self.config
+        L, K = cfg.context, cfg.overlap
         per_chain = math.ceil(n_events / chains) + (SEAM_TRIM if chains > 1 else 0)
         n_windows = 1 + max(0, math.ceil((per_chain - L) / (L - K)))
         out = {c: [] for c in CHANNELS}
@@ -576,6 +599,7 @@ class TokenModel:
                 known[:, :K] = True
             else:
                 known = torch.zeros(chains, L, dtype=torch.bool)
+            bar.update(chains * (L + w * (L - K)))
         seqs = {c: np.concatenate(out[c], axis=1)[:, :per_chain] for c in CHANNELS}
         labels = labels[:, :per_chain]
         # chain b's labels are offset so that threads of different chains never share a label
@@ -583,18 +607,7 @@ class TokenModel:
             next_label = kernel.next_glob
         offset = np.concatenate([[0], np.cumsum(next_label - 1)[:-1]])[:, None]
         seqs["tid"] = np.where(labels > 0, labels + offset, 0)
-        ends = _seam_ends(seqs["event"], self.vocab["event"])
-        if kernel is not None:  # with the switches that hand a CPU from one chain's thread to the next one's
-            flat = kernel.join_chains(seqs, ends)
-        else:
-            flat = {c: np.concatenate([v[b, : ends[b]] for b in range(chains)]) for c, v in seqs.items()}
-        flat = {c: v[:n_events] for c, v in flat.items()}
-        gaps = self.decode_gaps(flat["event"], flat["dt"], rng)
-        windows = dict(flat)
-        windows["dt"] = (np.log1p(gaps.astype(np.float64)) - self.codec.dt_mean) / self.codec.dt_std
-        codec = replace(self.codec, dt_max_log=64.0)  # the gaps are real ones already: no clipping
-        meta = {"generator": self.name, "seed": seed, "guide": guide, **({"workload": workload} if workload else {})}
-        return codec.decode(windows, metadata=meta)
+        return seqs, kernel
 
     def chains_for(self, n_events: int) -> int:
         """How many chains `sample(n_events)` draws in parallel: `config.chains`, fewer where there are not
@@ -718,7 +731,7 @@ class TokenModel:
         if any(k.startswith("opt.") for k in tensors):
             for i, p in enumerate(self.model.parameters()):
                 want.update({f"opt.{i}.exp_avg": tuple(p.shape), f"opt.{i}.exp_avg_sq": tuple(p.shape),
-                             f"opt.{i}.step": ()})  # fmt: skip
+                             f"opt.{i}.step": ()})
         check_shapes(path, tensors, want)
         np.random.default_rng().bit_generator.state = meta["numpy_rng"]  # a bad state fails here, not on resume
         self._train_state = {"meta": meta, "tensors": tensors}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from tracesynth.bounds import check_sample_size
 from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
 from tracesynth.generator import get_kind, load_generator, make_generator, saved_kind
@@ -108,7 +109,7 @@ def fit(
     opts = {"context": context, "channels": channels, "steps": steps, "time_limit": time_limit,
             "batch_size": batch_size, "patch": patch, "stride": stride, "d_model": d_model, "layers": layers,
             "lr": lr, "checkpoint_every": checkpoint_every, "seed": seed, "device": device,
-            "conditional": conditional, "order": order}  # fmt: skip
+            "conditional": conditional, "order": order}
     opts.update({k: defaults[k] for k in defaults if opts[k] is None})
     _set_threads(threads)
     traces = [read_trace(p) for p in data]
@@ -159,7 +160,7 @@ _CONTENTS = {"markov": ("config.json", "tables.safetensors")}
 
 
 def _fit_token(ctx: typer.Context, kind: str, traces: list, output: Path, opts: dict, start, init: Path | None,
-               resume: bool):  # fmt: skip
+               resume: bool):
     """Fit (or, with `resume`, continue fitting) a masked or ar model, checkpointing into `output`."""
     if resume:
         gen = load_generator(output)
@@ -174,12 +175,12 @@ def _fit_token(ctx: typer.Context, kind: str, traces: list, output: Path, opts: 
         cfg = {"context": opts["context"], "steps": opts["steps"], "time_limit": opts["time_limit"] or None,
                "lr": opts["lr"], "d_model": opts["d_model"], "n_layers": opts["layers"],
                "batch_size": opts["batch_size"], "seed": opts["seed"], "conditional": opts["conditional"],
-               "device": opts["device"], "channels": opts["channels"]}  # fmt: skip
+               "device": opts["device"], "channels": opts["channels"]}
         if start is not None:
             cfg = _init_config(ctx, start, kind, cfg, init)
         gen = make_generator({"kind": kind, "config": cfg})
     _fit_with_progress(gen, traces, start, cfg, checkpoint_dir=output, checkpoint_every=opts["checkpoint_every"],
-                       resume=resume)  # fmt: skip
+                       resume=resume)
     return gen
 
 
@@ -295,6 +296,7 @@ def sample(
 
     rules = Rules.load(repair) if repair is not None else None  # a bad rules file fails before sampling
     gen_kind = saved_kind(model)
+    check_sample_size(events, gen_kind.name)  # before the model is loaded: an impossible --events fails at once
     given = {"sampler": sampler, "sampling_steps": sampling_steps, "device": device, "workload": workload,
              "guide": guide}
     opts = {k: v for k, v in given.items() if v is not None}

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from atomicio import atomic_path
+from tracesynth.bounds import SampleProgress, check_sample_size
 from tracesynth.channels import ChannelCodec
 from tracesynth.diffusion.config import TraceSynthConfig
 from tracesynth.diffusion.model import TraceDenoiser
@@ -22,6 +23,7 @@ from tracesynth.diffusion.schedule import NoiseSchedule
 from tracesynth.diffusion.train import optimizer_from_tensors, optimizer_to_tensors, train
 from tracesynth.divergence import jsd
 from tracesynth.errors import TraceSynthError
+from tracesynth.integrity import HASHES, check_shapes, file_hashes, verify_hashes
 from tracesynth.jsonable import jsonable
 from tracesynth.optim import resolve_device, world
 from tracesynth.splits import split_by_time
@@ -122,6 +124,7 @@ class TraceSynth:
             optimizer_state=self._opt_state,
             checkpoint=checkpoint if checkpoint_dir is not None else None,
             progress=progress,
+            start_seconds=_seconds(self.history.get("train_seconds")) if resuming else 0.0,
         )
         self.model.to("cpu")
         self.step, self.history = int(hist["steps"]), hist
@@ -159,12 +162,15 @@ class TraceSynth:
         """Generate n_events events (whole windows, concatenated with time running on, then cut).
 
         The same seed gives the same trace. Sampling only: constraint repair is its own step
-        (tracesynth.constraints.repair_trace).
+        (tracesynth.constraints.repair_trace). `progress` shows a bar (events done, time left) once the sample
+        has run a few seconds; n_events that would not fit in memory is refused before any work.
         """
         if self.model is None or self.codec is None:
             raise TraceSynthError("the model is not fitted (call fit() or TraceSynth.load())")
         if n_events < 0:
             raise TraceSynthError(f"n_events must be non-negative, got {n_events}")
+        if n_events:
+            check_sample_size(n_events, self.name)
         cfg = self.config
         dev = resolve_device(device or cfg.device)
         schedule = NoiseSchedule(cfg.timesteps, cfg.schedule)
@@ -204,19 +210,16 @@ class TraceSynth:
         L = cfg.context
         g = torch.Generator(device=dev).manual_seed(int(seed))
         outs: dict[str, list[np.ndarray]] = {c: [] for c in self.codec.channels}
-        from rich.progress import Progress
-
-        with Progress(disable=not progress, transient=True) as bar:
-            task = bar.add_task(f"sample ({smp.name}, {len(smp.timesteps)} steps)", total=n_win * len(smp.timesteps))
+        with SampleProgress(n_win * L, progress) as bar:  # events: L per window, a share of it per step
             for a in range(0, n_win, cfg.sample_batch):
                 b = min(cfg.sample_batch, n_win - a)
                 x = torch.randn((b, L, model.latent), generator=g, device=dev)
-                for t in smp.timesteps:
+                for i, t in enumerate(smp.timesteps):
                     tt = torch.full((b,), t, device=dev, dtype=torch.long)
                     out = model(x, tt)
                     eps = schedule.predict_eps(x, out, tt) if cfg.prediction == "x0" else out
                     x = smp.step(eps, t, x, g, x0_fn)
-                    bar.advance(task, b)
+                    bar.update((a + b * (i + 1) / len(smp.timesteps)) * L)
                 tok = model.round(x)
                 for c in self.codec.channels:
                     outs[c].append(tok[c].cpu().numpy())
@@ -245,7 +248,8 @@ class TraceSynth:
 
     # -- storage ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
-        """Write config.json, vocab.json, model.safetensors and optimizer.safetensors atomically."""
+        """Write config.json, vocab.json, model.safetensors and optimizer.safetensors atomically; config.json
+        holds the sha256 of each tensor file, which load() checks."""
         return self._save(directory, None)
 
     def _save(self, directory: str | Path, opt: torch.optim.Optimizer | None) -> Path:
@@ -270,10 +274,11 @@ class TraceSynth:
             "optimizer": opt_meta,
         }
         with atomic_path(directory, directory=True, contents=FILES) as tmp:
-            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
             (tmp / "vocab.json").write_text(self.codec.dumps())
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
             save_file(opt_tensors, str(tmp / "optimizer.safetensors"), metadata={"format": FORMAT})
+            meta[HASHES] = file_hashes(tmp, ("model.safetensors", "optimizer.safetensors"))
+            (tmp / "config.json").write_text(json.dumps(meta, indent=1))  # last: it vouches for the others
             # mkdtemp/mkstemp make private files; a model is an ordinary shareable output.
             tmp.chmod(0o755)
             for f in tmp.iterdir():
@@ -293,6 +298,7 @@ class TraceSynth:
             meta = json.loads((directory / "config.json").read_text())
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise TraceSynthError(f"config.json is not a {FORMAT} model", directory)
+            verify_hashes(directory, meta)
             cfg = TraceSynthConfig.from_json(meta["config"])
             step = meta.get("step", 0)
             if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -306,21 +312,18 @@ class TraceSynth:
             # compare shapes on the meta device first: a damaged size in config.json or vocab.json must
             # not allocate a huge model before it is found not to match the weights
             with torch.device("meta"):
-                want = {k: tuple(v.shape) for k, v in TraceDenoiser(cfg, codec.vocab_sizes).state_dict().items()}
+                net = TraceDenoiser(cfg, codec.vocab_sizes)
+                want = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+                params = [tuple(p.shape) for p in net.parameters()]
         except TraceSynthError as exc:
             if exc.path:
                 raise
             raise TraceSynthError(f"bad config.json ({exc})", directory) from None
         except (ValueError, KeyError, TypeError, AttributeError, OSError, SafetensorError, RuntimeError) as exc:
             raise TraceSynthError(f"unreadable model ({type(exc).__name__}: {exc})", directory) from None
-        got = {k: tuple(v.shape) for k, v in state.items()}
-        if got != want:
-            diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-            raise TraceSynthError(
-                f"weights do not match the config ({len(diff)} tensor(s) differ, e.g. {diff[0]}: "
-                f"{got.get(diff[0])} in the weights, {want.get(diff[0])} from the config)",
-                directory,
-            )
+        check_shapes(directory / "model.safetensors", state, want)
+        if opt_tensors:  # AdamW's moments are shaped as their parameters, its step count is a scalar
+            check_shapes(directory / "optimizer.safetensors", opt_tensors, _optimizer_shapes(opt_tensors, params))
         self = cls(cfg)
         self.codec = codec
         self.model = TraceDenoiser(cfg, codec.vocab_sizes)
@@ -343,6 +346,21 @@ class TraceSynth:
                     f"bad optimizer state in config.json ({type(exc).__name__}: {exc})", directory
                 ) from None
         return self
+
+
+def _seconds(value: Any) -> float:
+    """A checkpoint's seconds trained (0 where config.json holds none or nonsense)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else 0.0
+
+
+def _optimizer_shapes(tensors: dict[str, torch.Tensor], params: list[tuple[int, ...]]) -> dict[str, tuple]:
+    """The shape each tensor of optimizer.safetensors ("state.<param index>.<key>") must have."""
+    want: dict[str, tuple] = {}
+    for i, shape in enumerate(params):
+        if any(k.startswith(f"state.{i}.") for k in tensors):
+            want.update({f"state.{i}.exp_avg": shape, f"state.{i}.exp_avg_sq": shape, f"state.{i}.step": ()})
+    return want
 
 
 def _source_meta(traces: Sequence[Trace]) -> dict[str, Any]:

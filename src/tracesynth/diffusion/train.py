@@ -115,8 +115,11 @@ def train(
     optimizer_state: dict[str, Any] | None = None,
     checkpoint: Checkpoint | None = None,
     progress: bool = True,
+    start_seconds: float = 0.0,
 ) -> dict[str, Any]:
-    """Train `model` in place up to cfg.steps; returns figures (losses, events/s)."""
+    """Train `model` in place up to cfg.steps; returns figures (losses, events/s, seconds trained).
+
+    A resumed fit passes the seconds its checkpoint had trained (`start_seconds`): cfg.time_limit counts them."""
     distributed = init_distributed(device)
     rank, size, _ = world()
     schedule = NoiseSchedule(cfg.timesteps, cfg.schedule)
@@ -146,11 +149,14 @@ def train(
         disable=not progress or rank != 0,
         transient=False,
     )
-    ema, t_start, events = None, time.perf_counter(), 0
+    ema, events = None, 0
+    t_run = time.perf_counter()
+    t_start = t_run - start_seconds  # the time limit and the schedule count the seconds of earlier runs too
 
     def _checkpoint(done: int) -> None:
         hist["val_loss"] = evaluate(loss_mod, val, cfg, device)
         hist["steps"] = done
+        hist["train_seconds"] = time.perf_counter() - t_start
         if rank == 0 and checkpoint is not None:
             checkpoint(done, opt, dict(hist))
         if distributed:
@@ -182,11 +188,12 @@ def train(
             done = step + 1
             if done % cfg.checkpoint_every == 0 or done == cfg.steps:
                 _checkpoint(done)
-            rate = events / max(1e-9, time.perf_counter() - t_start)
+            rate = events / max(1e-9, time.perf_counter() - t_run)
             bar.update(task, completed=done, loss=ema, val=hist["val_loss"], eps=rate)
         if done % cfg.checkpoint_every and done != cfg.steps:  # stopped by the time limit
             _checkpoint(done)
-    hist["train_events_per_s"] = events / max(1e-9, time.perf_counter() - t_start)
+    hist["train_events_per_s"] = events / max(1e-9, time.perf_counter() - t_run)
+    hist["train_seconds"] = time.perf_counter() - t_start
     hist["steps"] = done
     model.eval()
     return hist
