@@ -97,7 +97,7 @@ print(json.dumps({"events": n, "wall": wall, "cpu": cpu, "child_cpu": kids.ru_ut
 """
 
 
-MODES = ("bt2-dummy", "babeltrace2", "stream", "native", "read_lttng-bt2", "read_lttng")
+MODES = ("babeltrace2", "bt2-dummy", "stream", "native", "read_lttng-bt2", "read_lttng")  # the reference first
 _BT2 = {
     "babeltrace2": 'TIMEFORMAT="%U %S"; { time babeltrace2 "$1" > /dev/null; } 2>&1 | tail -1',
     "bt2-dummy": 'TIMEFORMAT="%U %S"; { time babeltrace2 "$1" -c sink.utils.dummy; } 2>&1 | tail -1',
