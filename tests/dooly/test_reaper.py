@@ -66,8 +66,9 @@ def _started(tmp_path: Path) -> list[int]:
 
 def test_sigkilled_parent_takes_the_server_and_its_children_with_it(tmp_path):
     env = {**ENV, "DOOLY_REAPER_GRACE_S": "0.5"}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, STANDIN, str(tmp_path / "server")],
-                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, STANDIN, str(tmp_path / "server")], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         sid = int(parent.stdout.readline())
         _wait_for(lambda: len(_started(tmp_path)) == 2)
@@ -110,8 +111,9 @@ def test_an_orphaned_reaper_starts_nothing(tmp_path):
 
 def test_die_with_parent_sets_the_death_signal():
     code = "import ctypes; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         preexec_fn=_reaper.die_with_parent)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=_reaper.die_with_parent
+    )
     assert int(out.stdout) == signal.SIGKILL
 
 
@@ -138,12 +140,30 @@ def test_sigkilled_validate_serving_leaves_no_vllm_process(tmp_path):
     (profiling the predictor's ops, vLLM's start-up)."""
     pytest.importorskip("vllm", reason="vllm is not installed")
     db = tmp_path / "p.db"
-    prof = _dooly("profile", "smollm2-135m", "--db", str(db), "--grid", "tiny", "--no-calibrate",
-                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    prof = _dooly(
+        "profile",
+        "smollm2-135m",
+        "--db",
+        str(db),
+        "--grid",
+        "tiny",
+        "--no-calibrate",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert prof.wait(900) == 0
-    run = _dooly("validate-serving", "smollm2-135m", "--db", str(db), "--engine", "vllm", "--workload",
-                 "poisson:n=400,rate=2,prompt=16-64,output=8-16,seed=0", stdout=subprocess.DEVNULL,
-                 stderr=subprocess.PIPE)  # fmt: skip
+    run = _dooly(
+        "validate-serving",
+        "smollm2-135m",
+        "--db",
+        str(db),
+        "--engine",
+        "vllm",
+        "--workload",
+        "poisson:n=400,rate=2,prompt=16-64,output=8-16,seed=0",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     sessions: list[int] = []
     try:
         for line in run.stderr:  # dooly says when the server is up (and has spawned its engine core)

@@ -25,8 +25,9 @@ MAKE = (
 
 def _run(tmp_path, mode: str) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, "-c", MAKE, mode], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", MAKE, mode], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def test_a_clean_exit_leaves_no_directory(tmp_path):
