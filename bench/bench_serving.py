@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     bench(Analytic(), "analytic", args.n)
     if args.db:
-        from dooly.cli.serve import load_latency_model
+        from dooly.api import load_latency_model
 
         bench(load_latency_model(args.model, args.db), "predictor", args.n)
 

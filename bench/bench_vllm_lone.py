@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=12, help="tokens each request generates")
     args = ap.parse_args()
 
-    from dooly.cli.serve import serving_latency_model
+    from dooly.api import serving_latency_model
     from dooly.engines.vllm_serving import ServeConfig, VLLMServer, cpu_serving_dtype, vllm_available
     from dooly.simulator import Workload
 

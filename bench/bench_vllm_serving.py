@@ -52,7 +52,7 @@ def main() -> None:
     if why:
         print(f"skipped: {why}")
         return
-    from dooly.cli.serve import _cpu_kv_blocks, serving_latency_model
+    from dooly.api import serving_latency_model, vllm_cpu_kv_blocks
     from dooly.simulator import CachedLatency, parse_workload
 
     dtype = args.dtype or cpu_serving_dtype()
@@ -76,7 +76,7 @@ def main() -> None:
         pred, profiled_with = serving_latency_model(model, args.db, dtype, 1, "vllm")
         cfg = ServeConfig(args.max_num_seqs, args.max_num_batched_tokens, dtype=dtype, max_model_len=512,
                           pin_frontend=not args.no_pin_frontend)
-        blocks = _cpu_kv_blocks(model, cfg.kvcache_space_gb, cfg.block_size, cfg.dtype)
+        blocks = vllm_cpu_kv_blocks(model, cfg.kvcache_space_gb, cfg.block_size, cfg.dtype)
         p = validate(model, w, cfg, blocks, CachedLatency(pred), args.real_runs, log=lambda m: None,
                      warmup_runs=args.warmup_runs)
         rows = {r["metric"]: r for r in p["table"]}

@@ -48,8 +48,8 @@ def main() -> None:
         return
     if not args.db.exists():
         sys.exit(f"{args.db}: no profile DB (bench/bench_vllm_serving.py profiles one)")
+    from dooly.api import serving_latency_model
     from dooly.batch import Batch
-    from dooly.cli.serve import serving_latency_model
     from dooly.engines import get_engine
     from dooly.profiler import fixed_threads, measure_prepared
     from dooly.zoo import resolve_model

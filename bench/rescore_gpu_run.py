@@ -27,7 +27,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dooly.cli.serve import _sched_config  # noqa: E402
+from dooly.api import sched_config  # noqa: E402
 from dooly.engines import get_engine  # noqa: E402
 from dooly.errors import DoolyError  # noqa: E402
 from dooly.predictor import Predictor  # noqa: E402
@@ -82,7 +82,7 @@ def main() -> None:
     served = json.loads((args.run / "serving.json").read_text())
     seqs, tokens = (int(x) for x in re.findall(r"(?:seqs|tokens)=(\d+)", served["config"])[:2])
     sim = simulate(parse_workload(served["workload"]), CachedLatency(pred),
-                   _sched_config(seqs, tokens, "chunked" in served["config"], 16, 4096))
+                   sched_config(seqs, tokens, "chunked" in served["config"], 16, 4096))
     for k in ("ttft", "tpot"):
         m = np.array([np.nan if x is None else x for x in served["measured"][k]], float)
         s = np.asarray(getattr(sim.metrics, k), float)

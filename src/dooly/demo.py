@@ -30,7 +30,7 @@ def queueing_rate(db: Path, model: str, max_num_seqs: int = 16) -> float:
     mid-sized configuration on the sweep's requests. Below it nothing queues and every row of the sweep is
     the same; at it the small ``max_num_seqs`` queue (TTFT grows) and the large ones batch more (TPOT
     grows), so the SLO picks among them. Taken from the profiles, since the machine sets the capacity."""
-    from dooly.cli.serve import load_latency_model
+    from dooly.api import load_latency_model
     from dooly.simulator import SchedulerConfig, parse_workload, simulate
 
     burst = parse_workload(f"static:{SIM_REQUESTS}")

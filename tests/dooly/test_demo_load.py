@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import dooly.cli.serve as serve_cli
+import dooly.api
 from dooly.batch import Batch
 from dooly.demo import SIM_REQUESTS, queueing_rate
 from dooly.simulator import SchedulerConfig, parse_workload
@@ -17,7 +17,7 @@ class Linear:
 
 
 def test_sweep_rows_differ_at_the_demo_load(monkeypatch):
-    monkeypatch.setattr(serve_cli, "load_latency_model", lambda model, db, *a, **k: Linear())
+    monkeypatch.setattr(dooly.api, "load_latency_model", lambda model, db, *a, **k: Linear())
     rate = queueing_rate(Path("unused.db"), "smollm2-135m")
     rows = {}
     for r in (rate / 10, rate):

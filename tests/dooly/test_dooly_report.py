@@ -91,9 +91,9 @@ def test_report_errors(tmp_path):
 
 
 def test_cli_simulate_and_sweep(db, tmp_path, monkeypatch):
-    import dooly.cli.serve as serve_cli
+    import dooly.api
 
-    monkeypatch.setattr(serve_cli, "load_latency_model", lambda model, db, *a: Linear())
+    monkeypatch.setattr(dooly.api, "load_latency_model", lambda model, db, *a: Linear())
     runner = CliRunner()
     res = runner.invoke(
         app, ["simulate", "a", "--db", str(db), "--workload", "poisson:n=40,rate=20,prompt=64-400,output=4-16"]

@@ -344,10 +344,10 @@ def test_sweep_derives_blocks_per_config_and_routes():
 def test_cli_memory_and_router(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import dooly.cli.serve as serve_cli
+    import dooly.api
     from dooly.cli.app import app
 
-    monkeypatch.setattr(serve_cli, "load_latency_model", lambda model, db, *a: LinearLatency())
+    monkeypatch.setattr(dooly.api, "load_latency_model", lambda model, db, *a: LinearLatency())
     workload = "poisson:n=30,rate=20,prompt=32-128,output=4-16"
     base = ["simulate", "smollm2-135m", "--db", str(tmp_path / "p.db"), "--workload", workload]
 

@@ -244,7 +244,7 @@ def test_cli_refuses_vllm_cleanly_without_it(tmp_path):
 
 
 def test_vllm_simulation_falls_back_to_hf_profiles_and_says_so(monkeypatch, capsys):
-    import dooly.cli.serve as serve_cli
+    import dooly.api as serve_cli
 
     def fake(model, db, dtype, threads, engine, shape=False):
         if engine == "vllm":

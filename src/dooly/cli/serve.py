@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from dooly.api import load_latency_model, memory_model, sched_config, serving_latency_model, vllm_cpu_kv_blocks
 from dooly.cli.app import app
 from dooly.engines import DEFAULT_ENGINE
 from dooly.errors import DoolyError
@@ -21,49 +22,10 @@ def _ms(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x * 1e3:.1f}"
 
 
-def _sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int, kv_blocks: int):
-    from dooly.simulator import SchedulerConfig
-
-    return SchedulerConfig(
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=max_tokens,
-        chunked_prefill=chunked,
-        block_size=block_size,
-        num_kv_blocks=kv_blocks,
-    )
-
-
 _ENGINE_HELP = (
     "Inference engine: hf-eager, or vllm (the simulator runs vLLM v1's scheduler; validate-serving serves with "
     "the real `vllm serve`; the ops' profiles are vLLM's when the DB has them, else hf-eager's)."
 )
-
-
-def load_latency_model(model: str, db: Path, dtype: str = "bfloat16", threads: int | None = None,
-                       engine: str = DEFAULT_ENGINE, shape: bool = False, device: str = "cpu"):  # fmt: skip
-    """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings);
-    `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`)."""
-    from dooly.engines import get_engine
-    from dooly.predictor import Predictor
-
-    if not db.exists():
-        raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
-    return Predictor.for_model(model, db, get_engine(engine, device=device, dtype=dtype), threads=threads,
-                               shape=shape)
-
-
-def serving_latency_model(model: str, db: Path, dtype: str, threads: int | None, engine: str,
-                          shape: bool = False):  # fmt: skip
-    """`engine`'s predictor for `model`; for vLLM, the HF engine's profiles while the DB has no vLLM ones.
-
-    Returns ``(predictor, engine that profiled the ops)``; a fallback is said on the console."""
-    if engine != "vllm":
-        return load_latency_model(model, db, dtype, threads, engine, shape), engine
-    try:
-        return load_latency_model(model, db, dtype, threads, "vllm", shape), "vllm"
-    except (DoolyError, ImportError) as exc:  # no vLLM engine, no vLLM installed, or no profiles from it
-        out.print(f"[yellow]ops profiled with {DEFAULT_ENGINE}[/] (no vLLM profiles for {model}: {exc})")
-        return load_latency_model(model, db, dtype, threads, DEFAULT_ENGINE, shape), DEFAULT_ENGINE
 
 
 VLLM_BLOCK_SIZE = 128  # vLLM's CPU backend default (it prefers multiples of 32)
@@ -71,19 +33,6 @@ KVCACHE_HELP = "vLLM CPU backend: KV-cache GiB (VLLM_CPU_KVCACHE_SPACE); the KV 
 
 
 SIM_HELP = "Workload: a CSV/JSONL trace or a generator spec such as poisson:n=64,rate=2,prompt=32-256,output=16"
-
-
-def memory_model(model: str, memory_gb: float, utilization: float, dtype: str, kv_cache_dtype: str,
-                 activation_gb: float | None, engine: str = DEFAULT_ENGINE):  # fmt: skip
-    """MODEL's memory model on a device of `memory_gb` GiB (its config from the zoo or a config path)."""
-    from dooly.engines import get_engine
-    from dooly.simulator import MemoryModel
-    from dooly.zoo import resolve_model
-
-    return MemoryModel(
-        resolve_model(model)[1], memory_gb, utilization, dtype, kv_cache_dtype, activation_gb, name=Path(model).stem,
-        engine=get_engine(engine, dtype=dtype),
-    )  # fmt: skip
 
 
 ROUTER_HELP = (
@@ -146,9 +95,9 @@ def simulate(
         chunked = True
     block_size = block_size or (VLLM_BLOCK_SIZE if engine == "vllm" else 16)
     if cpu_kvcache_gb is not None and kv_blocks is None:
-        kv_blocks = _cpu_kv_blocks(model, cpu_kvcache_gb, block_size, dtype)
+        kv_blocks = vllm_cpu_kv_blocks(model, cpu_kvcache_gb, block_size, dtype)
         out.print(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {cpu_kvcache_gb} GiB (vLLM CPU backend)")
-    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
+    cfg = sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
     mem = None
     if memory_gb is not None:
         mem = memory_model(model, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
@@ -160,7 +109,7 @@ def simulate(
                       f"(memory would give {kv.plan.num_blocks})")  # fmt: skip
         else:
             out.print(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
-    latency, _ = serving_latency_model(model, db, dtype, None, engine, shape)
+    latency, _ = serving_latency_model(model, db, dtype, None, engine, shape, log=out.print)
     name = f"simulation-{Path(model).stem}"
     if not sweep:
         study = run_study(model, workload, w, latency, kv, mem, replicas, router, router_seed)
@@ -300,18 +249,6 @@ def run_validation(
     }
 
 
-def _cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
-    """vLLM CPU-backend KV blocks for MODEL; its architecture read as the memory model reads it everywhere
-    (the HF engine's view of the config: vLLM builds its models from the same transformers config)."""
-    from dooly.engines import get_engine
-    from dooly.simulator import cpu_kv_blocks
-    from dooly.simulator.memory import dtype_bytes
-    from dooly.zoo import resolve_model
-
-    arch = get_engine(DEFAULT_ENGINE, dtype=dtype).architecture(resolve_model(model)[1])
-    return cpu_kv_blocks(arch, gb, block_size, dtype_bytes(dtype))
-
-
 def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_tokens: int, block_size: int,
                         kvcache_gb: int, threads: int, dtype: str, real_runs: int,
                         warmup_runs: int = 1) -> dict:  # fmt: skip
@@ -324,8 +261,8 @@ def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_
     if why:
         raise DoolyError(why)
     w = parse_workload(workload)
-    predictor, profiled_with = serving_latency_model(model, db, dtype, threads, "vllm")
-    blocks = _cpu_kv_blocks(model, kvcache_gb, block_size, dtype)
+    predictor, profiled_with = serving_latency_model(model, db, dtype, threads, "vllm", log=out.print)
+    blocks = vllm_cpu_kv_blocks(model, kvcache_gb, block_size, dtype)
     longest = int((w.prompt + w.output).max())
     serve_cfg = ServeConfig(max_seqs, max_tokens, block_size, kvcache_gb, dtype, threads,
                             max_model_len=max(256, -(-longest // block_size) * block_size))  # fmt: skip
@@ -411,7 +348,7 @@ def validate_serving(
         from dooly.profiler import default_clock
 
         clock = default_clock(device, threads)
-    cfg = _sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)
+    cfg = sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)
     payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs, engine, device)
     print_validation(payload)
     mode = "chunked" if chunked else "whole"
