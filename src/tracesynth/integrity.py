@@ -31,9 +31,10 @@ def file_hashes(directory: Path, names: Iterable[str]) -> dict[str, str]:
     return {name: sha256_of(directory / name) for name in names if (directory / name).is_file()}
 
 
-def verify_hashes(directory: Path, meta: Mapping[str, Any]) -> None:
-    """Each file config.json lists must be there with its sha256; a config.json without hashes (a model saved
-    before they were stored) passes."""
+def verify_hashes(directory: Path, meta: Mapping[str, Any], optional: Iterable[str] = ()) -> None:
+    """Each file config.json lists must be there with its sha256 (an `optional` one may be gone: a model whose
+    training state was deleted to make it smaller); a config.json without hashes (a model saved before they
+    were stored) passes."""
     hashes = meta.get(HASHES)
     if hashes is None:
         return
@@ -44,6 +45,8 @@ def verify_hashes(directory: Path, meta: Mapping[str, Any]) -> None:
         if Path(name).name != name:  # a hash may only vouch for a file of the model itself
             raise TraceSynthError(f"config.json: {HASHES} names {name!r}, not a file of the model", directory)
         if not path.is_file():
+            if name in optional:
+                continue
             raise TraceSynthError("missing (config.json lists it)", path)
         if sha256_of(path) != want:
             raise TraceSynthError("sha256 mismatch, the file is damaged (or not this model's)", path)

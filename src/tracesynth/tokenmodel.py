@@ -675,7 +675,7 @@ class TokenModel:
             meta = json.loads((directory / "config.json").read_text())
             if not isinstance(meta, dict) or meta.get("format") != cls.format:
                 raise TraceSynthError(f"config.json is not a {cls.format} model", directory)
-            verify_hashes(directory, meta)
+            verify_hashes(directory, meta, optional=(TRAIN_STATE,))  # without it the model samples, cannot resume
             self = cls(cls.config_cls(**meta["config"]))
             self.history = dict(meta.get("history") or {})
             self.workloads = [str(w) for w in meta.get("workloads") or []]
