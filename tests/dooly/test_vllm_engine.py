@@ -167,3 +167,25 @@ def test_a_latent_attention_model_is_refused_in_one_line(engine) -> None:  # typ
     with pytest.raises(DoolyError, match="multi-head latent attention") as err:
         trace_model(cfg, "prefill", engine=engine)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_run_leaves_no_temporary_directory(config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A `dooly trace --engine vllm` in its own process (vLLM's start-up again: slow) removes its model and process
+    group directories at exit, and first sweeps those a killed run left."""
+    import os
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp / f"dooly-vllm-{int(dead.stdout)}-killed").mkdir()  # a killed run's, its process gone
+    (tmp / f"dooly-vllm-dist-{int(dead.stdout)}-killed").mkdir()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "dooly", "trace", str(path), "--engine", "vllm", "--phase", "prefill"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [p.name for p in tmp.glob("dooly-*")] == []
