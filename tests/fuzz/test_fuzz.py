@@ -278,6 +278,7 @@ def _mutate_model(p: Path, rng: random.Random) -> Mutation:
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Format]:
     from conftest import LTTNG_WGET
 
+    from tracesynth.autoregressive import ARConfig, Autoregressive
     from tracesynth.baselines import MarkovChain
     from tracesynth.diffusion import TraceSynth, TraceSynthConfig
     from tracesynth.io.strace import read_strace
@@ -291,6 +292,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Format]:
                            sampling_steps=2, checkpoint_every=1, calibrate=False)  # fmt: skip
     TraceSynth(cfg).fit([trace], checkpoint_dir=root / "diffusion")
     MarkovChain(2).fit([trace]).save(root / "markov")
+    tiny_ar = dict(context=16, d_model=16, n_layers=1, n_heads=2, steps=1, batch_size=2, chains=2)
+    Autoregressive(ARConfig(**tiny_ar)).fit([trace]).save(root / "ar")
+    Autoregressive(ARConfig(**tiny_ar, max_tids=3)).fit([trace]).save(root / "ar-other")  # other vocab sizes
     sample = ["--events", "40", "--sampling-steps", "2", "--threads", "1"]
     formats = [
         # strace: "[pid N] SECS.FRAC name(" ; perf script: "comm tid [cpu] SECS.FRAC: event:"
@@ -301,6 +305,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Format]:
         Format("perf-ctf", FIXTURES / "perf" / "ctf", _ingest, lambda p, r: mutate_dir(p, r, r"perf_stream_\d+")),
         Format("diffusion-model", root / "diffusion", lambda i, o: ["sample", i, "-o", o, *sample], _mutate_model),
         Format("markov-model", root / "markov", lambda i, o: [], _mutate_model),
+        Format("ar-model", root / "ar", lambda i, o: ["sample", i, "-o", o, "--events", "40", "--threads", "1"],
+               _mutate_model),
     ]
     if LTTNG_WGET.exists():
         formats.append(Format("lttng", LTTNG_WGET, _ingest, lambda p, r: mutate_dir(p, r, r"k_\d+")))
@@ -334,7 +340,8 @@ def _markov(inp: Path, out: Path) -> Outcome:
     return Outcome(code, err, [str(w.message) for w in caught], crash)
 
 
-FORMATS = ["lttng", "perf-ctf", "perf-data", "perf-script", "strace", "parquet", "diffusion-model", "markov-model"]
+FORMATS = ["lttng", "perf-ctf", "perf-data", "perf-script", "strace", "parquet", "diffusion-model", "markov-model",
+           "ar-model"]
 NEEDS = {"lttng": needs_bt2, "perf-ctf": needs_bt2, "perf-data": needs_perf}
 
 
@@ -364,3 +371,47 @@ def test_fuzz(fmt: str, inputs: dict[str, Format], tmp_path: Path, monkeypatch: 
             assert not r.timed_out and "Traceback" not in r.err, r.err
             assert r.code == outcome.code, (r.code, outcome.code, r.err)
         shutil.rmtree(case)
+
+
+def _without_hashes(model: Path) -> None:
+    meta = json.loads((model / "config.json").read_text())
+    del meta["sha256"]  # as a model saved before config.json held them: the shapes must still tell
+    (model / "config.json").write_text(json.dumps(meta))
+
+
+def _flip_weight(model: Path) -> None:
+    data = bytearray((model / "model.safetensors").read_bytes())
+    data[-10] ^= 0x10  # one bit of a weight: the file still parses, only the hash sees it
+    (model / "model.safetensors").write_bytes(bytes(data))
+
+
+# (case, damage to a copied ar model, extra sample args): each must fail in one line naming what is wrong
+MUST_FAIL: dict[str, tuple[Callable[[Path, Path], None], list[object], str]] = {
+    "flipped-weight": (lambda m, other: _flip_weight(m), [], r"model\.safetensors: sha256 mismatch"),
+    "foreign-gaps": (lambda m, other: shutil.copyfile(other / "gaps.safetensors", m / "gaps.safetensors"), [],
+                     r"gaps\.safetensors: sha256 mismatch"),
+    "foreign-gaps-unhashed": (
+        lambda m, other: (shutil.copyfile(other / "gaps.safetensors", m / "gaps.safetensors"), _without_hashes(m)),
+        [], r"gaps\.safetensors: tensor seen_\w+ has shape"),
+    "foreign-weights-unhashed": (
+        lambda m, other: (shutil.copyfile(other / "model.safetensors", m / "model.safetensors"), _without_hashes(m)),
+        [], r"model\.safetensors: tensor \S+ has shape"),
+    "huge-events": (lambda m, other: None, ["--events", "10000000000"], r"GiB of memory"),
+}
+
+
+@pytest.mark.parametrize("case", list(MUST_FAIL))
+def test_damaged_or_foreign_model_files_fail_in_one_line(case: str, inputs: dict[str, Format], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Damage the safetensors cannot see (a flipped weight, another model's side tensors) and an --events that
+    cannot fit must each be refused in one line, not sampled from."""
+    damage, extra, message = MUST_FAIL[case]
+    model = _copy(inputs["ar-model"].source, tmp_path / "ar")
+    damage(model, inputs["ar-model"].source.parent / "ar-other")
+    out = tmp_path / "out" / "o.parquet"
+    out.parent.mkdir()
+    args = ["sample", model, "-o", out, "--threads", "1", *(extra or ["--events", "40"])]
+    outcome = run_in_process(args, monkeypatch)
+    check(case, args, out, Mutation(case), outcome)
+    lines = [ln for ln in outcome.err.splitlines() if ln.strip()]
+    assert outcome.code == 1 and len(lines) == 1 and re.search(message, lines[0]), outcome.err

@@ -170,8 +170,33 @@ def test_errors_name_the_model_directory(fitted: TraceSynth, tmp_path: Path) -> 
         TraceSynth.load(tmp_path / "m")
     fitted.save(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(TraceSynthError, match=r"m/model.safetensors: sha256 mismatch"):
+        TraceSynth.load(tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "config.json").read_text())
+    del meta["sha256"]  # a model saved before the hashes: the file itself is then found unreadable
+    (tmp_path / "m" / "config.json").write_text(json.dumps(meta))
     with pytest.raises(TraceSynthError, match="unreadable model"):
         TraceSynth.load(tmp_path / "m")
+
+
+def test_a_foreign_optimizer_state_and_a_resumed_time_limit(fitted: TraceSynth, tmp_path: Path) -> None:
+    """Tensors of another model are one line naming file and tensor; a resume counts the seconds trained before."""
+    tr = pattern_trace(300)
+    TraceSynth(TraceSynthConfig(**{**TINY, "steps": 3})).fit([tr], checkpoint_dir=tmp_path / "a")
+    TraceSynth(TraceSynthConfig(**{**TINY, "steps": 3, "d_model": 16})).fit([tr], checkpoint_dir=tmp_path / "b")
+    meta = json.loads((tmp_path / "a" / "config.json").read_text())
+    del meta["sha256"]
+    (tmp_path / "a" / "config.json").write_text(json.dumps(meta))
+    good = (tmp_path / "a" / "optimizer.safetensors").read_bytes()
+    (tmp_path / "a" / "optimizer.safetensors").write_bytes((tmp_path / "b" / "optimizer.safetensors").read_bytes())
+    with pytest.raises(TraceSynthError, match=r"a/optimizer.safetensors: tensor state\.\d+\.exp_avg has shape"):
+        TraceSynth.load(tmp_path / "a")
+    (tmp_path / "a" / "optimizer.safetensors").write_bytes(good)
+    again = TraceSynth.load(tmp_path / "a")
+    again.history["train_seconds"] = 1000.0  # as if the first run had trained that long
+    again.config.steps, again.config.time_limit = 10, 500.0
+    again.fit([tr])
+    assert again.step == 3 and again.history["train_seconds"] >= 1000.0
     with pytest.raises(TraceSynthError, match="no training window"):
         TraceSynth(TraceSynthConfig(**{**TINY, "context": 512})).fit([pattern_trace(100)])
     with pytest.raises(TraceSynthError, match="not fitted"):
