@@ -1,5 +1,5 @@
-"""Two kinds of rule: invariants always enforced, learned rules calibrated on a later held-out
-block; CPU affinity only where the data shows pinning; repair edits only what breaks a rule."""
+"""Two kinds of rule: invariants always enforced, learned rules calibrated across held-out time
+blocks; CPU affinity only where the data shows pinning; repair edits only what breaks a rule."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Constraints mined from real traces: a readable Rules document (kernel invariants, always
-enforced, and learned rules calibrated on a held-out later block), a vectorised checker and a
-repairer that fixes each violation with the smallest edit the rules allow.
+enforced, and learned rules calibrated across time blocks of the training data, each held out in
+turn: enforced where they hold in every block that exercised them, advisory otherwise), a
+vectorised checker (advisory entries reported apart, never counted) and a repairer that fixes
+each violation with the smallest edit the rules allow.
 
     rules = mine_rules([trace, ...]); rules.save("rules.json")
     report = check_trace(synthetic, rules); report.rate, report.to_dict()

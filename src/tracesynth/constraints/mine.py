@@ -95,12 +95,13 @@ def mine_rules(traces: Sequence[Trace], params: Mapping[str, Any] | None = None)
     names = sorted({n for t in traces for n in t.codes("event")[1]})
     comms = sorted({n for t in traces for n in t.codes("comm")[1]})
     doc = _mine_doc(traces, names, comms, p)
-    folds = []
+    folds, held_events = [], 0
     for fit, held in _folds(traces, p):
         candidate = _mine_doc(fit, names, comms, p, invariants=doc["invariants"])
         folds.append((candidate, _calibrate(candidate, held)))
+        held_events += sum(len(t) for t in held)
     doc["rules"] = _settle(doc, folds, p)
-    doc["source"]["calibration_events"] = int(sum(len(t) for _, held in _folds(traces, p) for t in held))
+    doc["source"]["calibration_events"] = int(held_events)
     doc["source"]["calibration_blocks"] = len(folds)
     return Rules(doc)
 
