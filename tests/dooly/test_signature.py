@@ -70,7 +70,7 @@ def test_hostile_expressions_fail_fast_with_one_line(hostile: str) -> None:
     t0 = time.perf_counter()
     with pytest.raises(DoolyError) as exc:
         eval_expr(hostile, {"tokens": 37, "kv_len": 113})
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 10  # a bound on a blow-up (a hang), not a speed: generous for busy machines
     msg = str(exc.value)
     assert "\n" not in msg and "bad shape expression" in msg and hostile[:20] in msg
 
