@@ -3,13 +3,19 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test demo lint bench clean fuzz models
+.PHONY: setup test test-all demo lint bench clean fuzz models
 
 setup:
 	@bash scripts/setup.sh
 
+# The everyday suite: offline, deterministic, a few minutes on 2 cores. Tests marked `slow` (minutes-long
+# checks against real engines and long samples) run in `make test-all`, with the fuzz suite at full size.
 test: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: setup
 	$(BIN)/python -m pytest -q
+	TRACESYNTH_FUZZ_CASES=200 DOOLY_FUZZ_CASES=30 $(BIN)/python -m pytest -q tests/fuzz
 
 demo: setup
 	$(BIN)/tracesynth demo

@@ -87,6 +87,7 @@ def _event_mix_distance(a, b) -> float:
     return 0.5 * sum(abs(ca.get(e, 0) / len(a) - cb.get(e, 0) / len(b)) for e in set(ca) | set(cb))
 
 
+@pytest.mark.slow  # 12 samples of 4,000 events (about a minute): `make test-all`
 def test_the_guide_keeps_the_models_event_mix(model) -> None:
     """The guide only masks draws that would break a kernel invariant, so a guided sample keeps the event mix of
     the unguided one. Appended chains used to open each CPU with a forced, thread-less sched_switch, which threw
