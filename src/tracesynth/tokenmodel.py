@@ -160,6 +160,12 @@ def _row_sources(new: Sequence[str], old: Sequence[str], unknown: str | None) ->
     return out
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception's message up to its first line break (torch appends C++ stack frames to some)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def dt_bucket(gaps_ns: np.ndarray) -> np.ndarray:
     """Quarter-octave bucket of each gap: 0 for a zero gap, then 1 + floor(4 * log2(gap))."""
     g = np.asarray(gaps_ns, dtype=np.float64)
@@ -693,7 +699,7 @@ class TokenModel:
         except TraceSynthError as exc:
             raise exc if exc.path else TraceSynthError(str(exc), directory) from None
         except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
-            raise TraceSynthError(f"not a {what} model ({type(exc).__name__}: {exc})", directory) from None
+            raise TraceSynthError(f"not a {what} model ({type(exc).__name__}: {_first_line(exc)})", directory) from None
         self.model.eval()
         return self
 

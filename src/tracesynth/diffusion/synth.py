@@ -320,7 +320,7 @@ class TraceSynth:
                 raise
             raise TraceSynthError(f"bad config.json ({exc})", directory) from None
         except (ValueError, KeyError, TypeError, AttributeError, OSError, SafetensorError, RuntimeError) as exc:
-            raise TraceSynthError(f"unreadable model ({type(exc).__name__}: {exc})", directory) from None
+            raise TraceSynthError(f"unreadable model ({type(exc).__name__}: {_first_line(exc)})", directory) from None
         check_shapes(directory / "model.safetensors", state, want)
         if opt_tensors:  # AdamW's moments are shaped as their parameters, its step count is a scalar
             check_shapes(directory / "optimizer.safetensors", opt_tensors, _optimizer_shapes(opt_tensors, params))
@@ -346,6 +346,12 @@ class TraceSynth:
                     f"bad optimizer state in config.json ({type(exc).__name__}: {exc})", directory
                 ) from None
         return self
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message up to its first line break (torch appends C++ stack frames to some)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _seconds(value: Any) -> float:
