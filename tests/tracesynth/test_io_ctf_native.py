@@ -33,7 +33,7 @@ TWINS = [
     "meta-variant-no-underscore",
     "smalltrace",
     "succeed1",
-]  # noqa: E501
+]
 CLOCKED = {"barectf-event-before-packet", "debug-info", "lttng-crash", "lttng-event-after-packet"}
 # the authors' twins differ in one byte of data: debug-info's library path
 KNOWN_DATA_DIFFS = {"debug-info": {("path", "str"): [b"/libhello-so", b"/libhello_so"]}}
