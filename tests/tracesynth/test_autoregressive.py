@@ -90,7 +90,7 @@ def test_save_load_roundtrip_through_the_registry(fitted, tmp_path: Path) -> Non
     back = load_generator(tmp_path / "m")
     assert isinstance(back, Autoregressive) and back.sample(200, seed=1) == fitted.sample(200, seed=1)
     (tmp_path / "m" / "model.safetensors").write_bytes(b"junk")
-    with pytest.raises(TraceSynthError, match="not a autoregressive model"):
+    with pytest.raises(TraceSynthError, match="model.safetensors: sha256 mismatch"):
         Autoregressive.load(tmp_path / "m")
     gen = make_generator({"kind": "ar", "config": {"context": 64, "d_model": 32, "n_heads": 2}})
     assert isinstance(gen, Autoregressive) and gen.config.overlap == 16
