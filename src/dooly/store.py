@@ -148,6 +148,15 @@ def _json(col: str, kind: str, extra: str = "1") -> str:
     return f"CASE WHEN typeof({col})='text' AND json_valid({col}) AND json_type({col})='{kind}' THEN {extra} ELSE 0 END"
 
 
+#: JSON in a row nests at most this deep (a signature: 4, a trace: 6); past about 1000 Python's json.loads fails
+#: with a RecursionError, while SQLite's json_valid accepts 2000
+MAX_JSON_DEPTH = 64
+# the depth of a container is the number of steps in its full path ($.a[0].b: 3)
+_SHALLOW = (
+    "NOT EXISTS (SELECT 1 FROM json_tree({c}) WHERE type IN ('array','object') AND "
+    "(length(fullkey) - length(replace(fullkey, '[', ''))) + (length(fullkey) - length(replace(fullkey, '.', '')))"
+    f" > {MAX_JSON_DEPTH})"
+)
 _TEXT = "typeof({c})='text'"
 _TIMING = "typeof({c}) IN ('real','integer') AND {c} >= 0 AND {c} < 1e6"  # seconds: no NaN, inf or negative
 _POINT = _json(
@@ -169,7 +178,7 @@ _ROW_CHECKS: dict[str, dict[str, str]] = {
     "signatures": {
         **_CONTEXT,
         "sig_key": _TEXT,
-        "sig_json": _json("sig_json", "object"),
+        "sig_json": _json("sig_json", "object", _SHALLOW.format(c="sig_json")),
         "grid_size": "{c} IS NULL OR (typeof({c})='integer' AND {c} BETWEEN 0 AND 2147483647)",
         "complete": "{c} IN (0, 1)",
     },
@@ -179,7 +188,11 @@ _ROW_CHECKS: dict[str, dict[str, str]] = {
         "phase": _TEXT,
         "created": "typeof({c}) IN ('real','integer')",
         # a tracer trace (records: a list) or the config the calibration stored (no records)
-        "trace_json": _json("trace_json", "object", "COALESCE(json_type(trace_json, '$.records'), 'array') = 'array'"),
+        "trace_json": _json(
+            "trace_json",
+            "object",
+            "COALESCE(json_type(trace_json, '$.records'), 'array') = 'array' AND " + _SHALLOW.format(c="trace_json"),
+        ),
     },
 }
 

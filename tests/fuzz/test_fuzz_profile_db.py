@@ -2,13 +2,14 @@
 
 A profile DB is input a user may receive from elsewhere. Each case copies a DB built here (a real trace of a
 tiny llama config, a point per grid value of every signature, a few forwards), mutates it one way (truncation,
-byte flips, a garbage page, a wrong schema, huge / NaN / ill-typed values in rows, hostile shape expressions)
+byte flips, a garbage page, a wrong schema, huge / NaN / ill-typed values in rows, hostile shape expressions,
+JSON nested past Python's recursion limit)
 and runs one command on it in a subprocess (``python -m dooly ...``). Asserted: exit 0 or 1, no traceback, no
 hang, the DB file byte-identical after a command that only reads, nothing written beside it, and no output
 left behind by a command that failed.
 
-``DOOLY_FUZZ_CASES`` (default 6: each mutation kind once) and ``DOOLY_FUZZ_SEED`` (default 0) set the run; kind
-and command are cycled so that 30 cases pair every kind with every command.
+``DOOLY_FUZZ_CASES`` (default 7: each mutation kind once) and ``DOOLY_FUZZ_SEED`` (default 0) set the run; kind
+and command are cycled so that 42 cases pair every kind with every command.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-CASES = int(os.environ.get("DOOLY_FUZZ_CASES", "6"))
+CASES = int(os.environ.get("DOOLY_FUZZ_CASES", "7"))
 SEED = int(os.environ.get("DOOLY_FUZZ_SEED", "0"))
 TIMEOUT_S = 180  # a hang, not a slow case: the slowest command takes ~10 s of CPU on this tiny model
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -35,7 +36,7 @@ TINY = {
     "_name_or_path": "fuzz-tiny",
 }  # fmt: skip
 
-KINDS = ("truncate", "flip", "garbage_page", "schema", "values", "expression")
+KINDS = ("truncate", "flip", "garbage_page", "schema", "values", "expression", "deep")
 
 # (name, argv after the model/db, whether it only reads the DB, outputs it writes under the case directory)
 COMMANDS = (
@@ -216,6 +217,7 @@ def _expression(db: Path, rng: random.Random) -> str:
         sigs = con.execute("SELECT rowid, sig_json FROM signatures").fetchall()
     finally:
         con.close()
+    traces = [(rowid, text) for rowid, text in traces if "signatures" in json.loads(text)]  # not the stored config
     edits: list[tuple[str, tuple]] = []
     for rowid, text in rng.sample(traces, rng.randint(1, len(traces))):
         doc = json.loads(text)
@@ -230,8 +232,29 @@ def _expression(db: Path, rng: random.Random) -> str:
     return f"hostile shape expressions in {len(edits)} rows"
 
 
+def _deep(db: Path, rng: random.Random) -> str:
+    """JSON nested past what json.loads recurses through (SQLite's json_valid accepts up to 2000 levels)."""
+    n = rng.choice([65, 999, 1500])
+    table, col = rng.choice([("signatures", "sig_json"), ("traces", "trace_json")])
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute(f"SELECT rowid, {col} FROM {table}").fetchall()
+    finally:
+        con.close()
+    rowid, text = rng.choice(rows)
+    doc = json.loads(text)
+    key = rng.choice(sorted(doc))
+    deep = "[" * n + "1" + "]" * n
+    if key == "records" and isinstance(doc[key], list) and doc[key]:
+        doc[key][0] = "__DEEP__"  # one record nested deep, "records" still an array
+    else:
+        doc[key] = "__DEEP__"
+    _sql(db, [(f"UPDATE {table} SET {col} = ? WHERE rowid = ?", (json.dumps(doc).replace('"__DEEP__"', deep), rowid))])
+    return f"{table}.{col} row {rowid}: {key} nested {n} deep"
+
+
 MUTATE = {"truncate": _truncate, "flip": _flip, "garbage_page": _garbage_page, "schema": _schema,
-          "values": _values, "expression": _expression}  # fmt: skip
+          "values": _values, "expression": _expression, "deep": _deep}  # fmt: skip
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -262,7 +285,7 @@ def test_unmutated_db_is_read_by_the_deepest_reader(profile_db: tuple[Path, Path
 def test_mutated_profile_db(profile_db: tuple[Path, Path], tmp_path: Path, case: int) -> None:
     src_db, cfg = profile_db
     kind = KINDS[case % len(KINDS)]
-    name, template, readonly, outputs = COMMANDS[(case + case // len(KINDS)) % len(COMMANDS)]
+    name, template, readonly, outputs = COMMANDS[(case % len(KINDS) + case // len(KINDS)) % len(COMMANDS)]
     rng = random.Random(f"{SEED}:{case}")
     work = tmp_path / "case"
     work.mkdir()
