@@ -185,6 +185,9 @@ def test_foreign_or_wrong_schema_sqlite_is_refused_untouched(tmp_path: Path) -> 
         ("UPDATE signatures SET grid_size = 'big'", "grid_size"),
         ("UPDATE traces SET trace_json = '[]'", "trace_json"),
         ("UPDATE traces SET trace_json = '{\"records\": 5}'", "trace_json"),
+        # nested past Python's recursion limit: SQLite's json_valid takes it, json.loads would not
+        ("UPDATE signatures SET sig_json = '{\"op\": " + "[" * 1500 + "]" * 1500 + "}'", "sig_json"),
+        ("UPDATE traces SET trace_json = '{\"records\": [" + "{\"a\":" * 65 + "1" + "}" * 65 + "]}'", "trace_json"),
     ],
 )
 def test_damaged_rows_are_refused_at_open_naming_file_row_and_column(tmp_path: Path, update: str, column: str) -> None:
