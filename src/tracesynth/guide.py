@@ -54,7 +54,8 @@ class KernelFacts:
     def mine(cls, traces: Sequence[Trace]) -> KernelFacts:
         from tracesynth.constraints import mine_rules
 
-        inv = mine_rules(list(traces)).doc["invariants"]
+        # only the invariants are read: skip the learned rules' block calibration
+        inv = mine_rules(list(traces), {"calibration_blocks": 0}).doc["invariants"]
         return cls(str(inv["sched_consistency"].get("convention", "prev")),
                    sorted(inv["syscall_pairing"].get("unpaired_calls", [])))
 

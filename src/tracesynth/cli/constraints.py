@@ -34,7 +34,8 @@ def mine(
     ),
 ) -> None:
     """Learn rules from real traces: kernel invariants (always enforced) and learned rules (transitions,
-    time bounds, CPU affinity, value sets), each calibrated on a later held-out block."""
+    time bounds, CPU affinity, value sets), each calibrated across time blocks of the traces, each held out
+    in turn: an entry that did not hold in every block is advisory, not enforced."""
 
     if not 0 < train_fraction <= 1:
         raise TraceSynthError(f"--train-fraction must be in (0, 1], got {train_fraction}")
@@ -52,25 +53,30 @@ def mine(
     rules = mine_rules(traces)
     rules.save(output)
     out = Console()
-    calibrated = rules.doc["source"].get("calibration_events", 0)
+    p = rules.params
     out.print(
-        f"[bold]{output}[/]: rules from {sum(len(t) for t in traces):,} events in {len(traces)} trace(s); "
-        f"learned rules calibrated on the last {rules.params['calibration_fraction']:.0%} of each trace "
-        f"({calibrated:,} events, enforced where the false-positive rate there is at most "
-        f"{rules.params['max_fp_rate']:.2%})"
+        f"[bold]{output}[/]: rules from {sum(len(t) for t in traces):,} events in {len(traces)} trace(s); learned "
+        f"rules calibrated across {p['calibration_blocks']} time blocks of each trace, each held out in turn "
+        f"(enforced where they held in every block that exercised them, at least {p['calibration_min_blocks']}, "
+        f"and the false-positive rate is at most {p['max_fp_rate']:.2%}; the rest are advisory)"
     )
     out.print(rule_table(rules))
 
 
 def rule_table(rules: Rules) -> Table:
-    """One row per rule: its kind, enforced entries and calibrated false-positive rate."""
-    table = Table("rule", "kind", "enforced", "calibrated on", "calibrated FP", box=None, pad_edge=False)
+    """One row per rule: its kind, enforced and advisory entries, the time blocks that exercised it and its
+    calibrated false-positive rate."""
+    table = Table("rule", "kind", "enforced", "advisory", "blocks", "calibrated on", "calibrated FP", box=None,
+                  pad_edge=False)
     for name, row in rules.rule_table().items():
         fp = row["fp_rate"]
+        blocks = f"{row['blocks']}/{row['blocks_total']}" if "blocks_total" in row else "-"  # version-2 rules: none
         table.add_row(
             name,
             row["kind"],
             f"{row['enforced']:,}",
+            f"{row.get('advisory', 0):,}",
+            blocks,
             f"{row['calibration_applies']:,} events",
             "n/a" if fp is None else f"{fp:.3%}",
         )
