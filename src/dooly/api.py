@@ -4,11 +4,13 @@
 * :func:`serving_latency_model`: the same for an engine, falling back to HF eager's profiles for vLLM;
 * :func:`sched_config`: the scheduler settings of one serving configuration;
 * :func:`memory_model`: a model's memory model on a device of a given size;
-* :func:`vllm_cpu_kv_blocks`: the KV blocks vLLM's CPU backend gives a model in a KV-cache space.
+* :func:`vllm_cpu_kv_blocks`: the KV blocks vLLM's CPU backend gives a model in a KV-cache space;
+* :func:`check_calibration`: whether the DB's shared overhead fit prices a new model's forwards (``--calibrate check``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,8 +19,10 @@ from dooly.engines import DEFAULT_ENGINE
 from dooly.errors import DoolyError
 
 if TYPE_CHECKING:
+    from dooly.engines import Engine
     from dooly.predictor import Predictor
     from dooly.simulator import MemoryModel, SchedulerConfig
+    from dooly.store import ProfileStore
 
 
 def load_latency_model(
@@ -108,3 +112,35 @@ def vllm_cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
 
     arch = get_engine(DEFAULT_ENGINE, dtype=dtype).architecture(resolve_model(model)[1])
     return cpu_kv_blocks(arch, gb, block_size, dtype_bytes(dtype))
+
+
+def check_calibration(
+    model: str, db: Path, store: ProfileStore, engine: Engine, threads: int | None
+) -> tuple[bool, str]:
+    """``dooly profile --calibrate check``: measure the model's forwards at the check shapes (stored as
+    ``NAME#check``) and compare each with what the DB predicts without any calibration of its own (the
+    overhead fitted once per engine and hardware over the other models); returns (passed, one line saying why).
+    The check passes when every shape lands within :data:`~dooly.profiler.calibrate.CHECK_TOLERANCE` plus the
+    stated uncertainty of the share of the pass predicted from shape."""
+    from dooly.predictor import Predictor
+    from dooly.profiler import context_for
+    from dooly.profiler.calibrate import CHECK_TOLERANCE, check_forwards
+    from dooly.zoo import resolve_model
+
+    name, cfg = resolve_model(model)
+    try:
+        pred = Predictor.for_model(model, db, engine, threads=threads, shape=True)
+    except DoolyError as exc:  # e.g. signatures that failed to time: the full calibration still fits it
+        return False, f"cannot predict it from the DB ({exc})"
+    if set(pred.overhead.coef) != {"prefill", "decode"}:
+        return False, "no shared overhead fit on this engine and hardware yet"
+    measured = check_forwards(name, cfg, store, engine, context_for(engine, threads), threads=threads)
+    worst, parts = 0.0, []
+    for (phase, point), seconds in measured.items():
+        values = json.loads(point)
+        err = abs(pred.forward_latency(phase, values) - seconds) / seconds
+        tol = CHECK_TOLERANCE + pred.shape_share(phase, values)[1]
+        worst = max(worst, err / tol)
+        parts.append(f"{phase} {100 * err:.1f}% (within {100 * tol:.0f}%: {'yes' if err <= tol else 'no'})")
+    what = f"shared fit of {pred.overhead.n_fit.get('decode', 0)} decode forwards vs {len(measured)} checked: "
+    return worst <= 1.0, what + ", ".join(parts)

@@ -30,6 +30,100 @@ CALIBRATION_SHAPES: dict[str, list[dict[str, int]]] = {
     ],
 }  # fmt: skip
 CALIBRATION_ROUNDS = 2  # every shape measured in interleaved rounds, so one slow minute does not skew the fit
+#: ``--calibrate check``: one shape per phase (the overhead is fitted per phase), from the calibration set
+CHECK_SHAPES: dict[str, list[dict[str, int]]] = {
+    "prefill": [{"requests": 1, "tokens": 64}],
+    "decode": [{"requests": 4, "kv_len": 60}],
+}
+#: the forwards of a check are stored as ``NAME#check``: the overhead fit has no config under that key, so it
+#: never reads them (a model fitted on two forwards of its own would be worse off than with the shared fit)
+CHECK_SUFFIX = "#check"
+CALIBRATION_POLICIES = ("all", "check", "none")
+#: a checked forward passes when the shared fit predicts it within this (plus the stated uncertainty of the
+#: share of the pass predicted from shape): the issue's bound is 3 points of forward MAPE over calibrating
+#: every model, and a single forward's noise on a quiet CPU is 1-5%
+CHECK_TOLERANCE = 0.05
+
+
+def calibrated_models(store: ProfileStore, ctx: ProfileContext) -> set[str]:
+    """Models with a full calibration under ``ctx`` (a check, or validation's held-out forwards, is none)."""
+    keys = {k for k, *_ in store.forwards(ctx)}
+    skip = ("#holdout", CHECK_SUFFIX)
+    return {k.split("#")[0] for k in keys if not k.startswith("#") and not any(s in k for s in skip)}
+
+
+def calibration_needs(
+    store: ProfileStore, ctx: ProfileContext, models: Mapping[str, Mapping[str, Any]], policy: str
+) -> dict[str, str]:
+    """What calibration each of ``models`` ({name: config}, in profiling order) will take under ``policy``,
+    and why: one line per model, for ``dooly plan``."""
+    done = calibrated_models(store, ctx)
+    shared = len(done)
+    out = {}
+    for name, cfg in models.items():
+        depths = len(calibration_variants(name, cfg))
+        full = f"{full_calibration_forwards(cfg)} forwards ({depths} depth(s) x {CALIBRATION_ROUNDS} rounds)"
+        if name in done:
+            out[name] = "none to run: already calibrated in the DB"
+        elif policy == "none" and shared:
+            out[name] = f"none (--calibrate none): its overhead from the shared fit of {shared} model(s)"
+        elif policy == "none":
+            out[name] = "none (--calibrate none), and no model to share an overhead fit: no framework overhead"
+        elif policy == "all" or not shared:
+            why = "--calibrate all" if policy == "all" else "no shared overhead fit on this engine and hardware yet"
+            out[name] = f"full, {full}: {why}"
+            shared += 1
+        else:
+            k = sum(len(v) for v in CHECK_SHAPES.values())
+            miss = f"the full {full} only if one misses by more than {100 * CHECK_TOLERANCE:.0f}% (+ shape uncertainty)"
+            out[name] = f"check: {k} forwards against the shared overhead fit of {shared} model(s); {miss}"
+    return out
+
+
+def calibration_variants(name: str, config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The model and, when it has two layers or more, the model at half its depth (``NAME#layersK``)."""
+    variants = {name: dict(config)}
+    depth = num_layers(config) or 0
+    if depth >= 2:
+        variants[f"{name}#layers{depth // 2}"] = at_depth(config, depth // 2)
+    return variants
+
+
+def full_calibration_forwards(config: Mapping[str, Any]) -> int:
+    """How many forwards a full calibration of a model with ``config`` measures."""
+    shapes = shapes_within(CALIBRATION_SHAPES, max_positions(config))
+    return CALIBRATION_ROUNDS * len(calibration_variants("m", config)) * sum(len(v) for v in shapes.values())
+
+
+def check_forwards(
+    name: str,
+    config: Mapping[str, Any],
+    store: ProfileStore,
+    engine: Engine,
+    ctx: ProfileContext,
+    threads: int | None = None,
+    repeats: int = 5,
+) -> dict[tuple[str, str], float]:
+    """Measure (or read back) the model's forwards at :data:`CHECK_SHAPES`, stored as ``NAME#check``;
+    returns ``{(phase, canonical point): median seconds}``."""
+    import torch
+
+    key, out = name + CHECK_SUFFIX, {}
+    have = {(ph, canonical_point(v)): m.median_s for _, ph, v, m in store.forwards(ctx, key)}
+    model = None
+    with fixed_threads(threads):
+        for ph, vs in shapes_within(CHECK_SHAPES, max_positions(config)).items():
+            for v in vs:
+                got = have.get((ph, canonical_point(v)))
+                if got is None:
+                    if model is None:
+                        torch.manual_seed(0)
+                        model = engine.build_model(dict(config))
+                    m = measure_forward(engine, model, ph, v, repeats=repeats, clock=clock_of(ctx))
+                    store.put_forward(ctx, key, ph, v, m)
+                    got = m.median_s
+                out[(ph, canonical_point(v))] = got
+    return out
 
 
 def calibrate(
@@ -49,10 +143,7 @@ def calibrate(
     import torch
 
     shapes = shapes_within(shapes or CALIBRATION_SHAPES, max_positions(config))
-    variants = {name: dict(config)}
-    depth = num_layers(config) or 0
-    if depth >= 2:
-        variants[f"{name}#layers{depth // 2}"] = at_depth(config, depth // 2)
+    variants = calibration_variants(name, config)
     for variant, cfg in variants.items():
         store.put_trace("config", variant, "config", canonical_json(cfg))
         # traced here, where the store is writable: the overhead fit reads every variant's trace, and commands

@@ -1,4 +1,11 @@
-"""Savings accounting: profiling cost with cross-model reuse vs each model alone, one computation for all.
+"""Savings accounting: a model's onboarding cost with cross-model reuse vs each model alone, one computation for all.
+
+Onboarding is tracing, operator profiling and calibration forwards (the real forwards the framework-overhead fit
+needs), all three counted on both sides: alone, a model on an empty DB pays its tracing, all its operator points
+and a full calibration (no shared overhead fit exists yet); with reuse it pays its tracing, the points no earlier
+model profiled, and the calibration its policy took (``dooly profile --calibrate``: the full set, a check, or
+none). Tracing time is recorded from this version on (:data:`~dooly.profiler.traces.TRACE_SECONDS`); an older
+DB counts it as 0 and the figure says so.
 
 ``dooly plan`` and ``dooly profile`` price their plan's models; ``dooly report`` prices the models the DB
 records as profiled (each model once, in the order first profiled: calibration rounds and held-out
@@ -14,15 +21,17 @@ point.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from dooly.profiler.plan import Plan
 from dooly.profiler.timing import TimerConfig
+from dooly.profiler.traces import trace_seconds
 from dooly.signature import Signature
-from dooly.store import ProfileContext, ProfileStore
+from dooly.store import ProfileContext, ProfileStore, canonical_point
 
 # the record of profiled models lives in the traces table, under this engine key, one row per context
 _RECORD = ("profiled", "models")
@@ -43,23 +52,67 @@ class ModelCost:
     new: int  # profiled for this model (first in the list to need them, not already in the DB)
     reused_models: int  # already needed by an earlier model in the list
     reused_db: int  # already complete in the DB before this run
-    alone_s: float  # profiling cost of this model on its own (within-model reuse only)
-    marginal_s: float  # cost this model adds when profiled after the earlier ones, with reuse
+    profile_alone_s: float  # operator profiling of this model on its own (within-model reuse only)
+    profile_s: float  # operator profiling this model adds when profiled after the earlier ones, with reuse
+    trace_s: float = 0.0  # tracing the model (and its calibration variants): the same alone and with reuse
+    calib_alone_s: float = 0.0  # its full calibration: what it needs on an empty DB, with no shared fit
+    calib_s: float = 0.0  # the calibration forwards it pays with reuse (a check, the full set, or none)
+
+    @property
+    def alone_s(self) -> float:
+        """Onboarding this model on an empty DB: tracing, all its operator points, its full calibration."""
+        return self.trace_s + self.profile_alone_s + self.calib_alone_s
+
+    @property
+    def marginal_s(self) -> float:
+        """Onboarding this model after the earlier ones, with reuse."""
+        return self.trace_s + self.profile_s + self.calib_s
 
 
 @dataclass
 class Savings:
+    """Onboarding cost of a list of models, with cross-model reuse and each alone: tracing + operator profiling +
+    calibration forwards (``with_reuse_s``/``without_reuse_s``; the parts are summed from ``models``)."""
+
     models: list[ModelCost]
-    with_reuse_s: float
-    without_reuse_s: float
     measured_share: float  # share of the new signatures whose cost is measured (the rest estimated)
-    in_db_s: float = 0.0  # of with_reuse_s: signatures already complete in the DB, which this run does not measure
+    in_db_s: float = 0.0  # of with_reuse_s: profiles and calibration already in the DB, which this run does not take
     shape_predicted: int = 0  # signatures left to the shape model (``--budget``): not measured, priced at zero
     mean_priced_share: float = 0.0  # of the new signatures: priced at the DB's mean cost per point (no shape model)
+    untimed_traces: int = 0  # models whose tracing time the DB does not hold (older DBs): counted as 0
+    calib_estimated: int = 0  # models whose full calibration (alone) is estimated, not measured
+    calib_unpriced: int = 0  # models whose calibration nothing in the DB prices (no model calibrated yet): 0
+
+    def _sum(self, attr: str) -> float:
+        return float(sum(getattr(r, attr) for r in self.models))
+
+    @property
+    def with_reuse_s(self) -> float:
+        return self._sum("marginal_s")
+
+    @property
+    def without_reuse_s(self) -> float:
+        return self._sum("alone_s")
 
     @property
     def saved_pct(self) -> float:
-        return 100.0 * (1.0 - self.with_reuse_s / self.without_reuse_s) if self.without_reuse_s else 0.0
+        """Share of the whole onboarding cost (calibration included) that reuse saves."""
+        return _pct(self.with_reuse_s, self.without_reuse_s)
+
+    @property
+    def saved_pct_uncalibrated(self) -> float:
+        """The same with calibration left out of both sides (tracing and operator profiling only)."""
+        t = self._sum("trace_s")
+        return _pct(t + self._sum("profile_s"), t + self._sum("profile_alone_s"))
+
+    def split(self) -> str:
+        """Where the device time goes: tracing, operator profiling, calibration forwards, with reuse and alone."""
+        t, p, c = (self._sum(a) for a in ("trace_s", "profile_s", "calib_s"))
+        pa, ca = self._sum("profile_alone_s"), self._sum("calib_alone_s")
+        with_reuse = f"trace {t:.1f} + profile {p:.1f} + calibrate {c:.1f} device-s with reuse"
+        alone = f"{t:.1f} + {pa:.1f} + {ca:.1f} alone"
+        uncal = f"without calibration {t + p:.1f} vs {t + pa:.1f}: {self.saved_pct_uncalibrated:.1f}% saved"
+        return f"{with_reuse}, {alone}; {uncal}"
 
     def describe(self) -> str:
         """The one-line figure every command prints (so the CLI and the report cannot disagree in digits)."""
@@ -71,15 +124,26 @@ class Savings:
             est += ")"
         if self.shape_predicted:
             est += f" ({self.shape_predicted} signatures predicted from shape, not measured)"
+        if self.calib_estimated:
+            est += f" (full calibration of {self.calib_estimated} model(s) estimated, not run)"
+        if self.calib_unpriced:
+            est += f" (calibration of {self.calib_unpriced} model(s) not priced: no calibrated model to price it by)"
+        if self.untimed_traces:
+            est += f" (tracing of {self.untimed_traces} model(s) not recorded in this DB: counted as 0)"
         in_db = ""
         if self.in_db_s > 0:
-            in_db = f"; {self.in_db_s:.1f} device-s of it already in the DB, so this run measures " \
-                    f"{self.with_reuse_s - self.in_db_s:.1f}"  # fmt: skip
+            run = self.with_reuse_s - self.in_db_s - self._sum("trace_s")
+            in_db = f"; {self.in_db_s:.1f} device-s of it already in the DB, so this run measures {run:.1f}"
         return (
             f"{len(self.models)} model{'' if len(self.models) == 1 else 's'}: "
             f"{self.with_reuse_s:.1f} device-s with cross-model reuse vs "
-            f"{self.without_reuse_s:.1f} device-s each model alone: {self.saved_pct:.1f}% saved{est}{in_db}"
+            f"{self.without_reuse_s:.1f} device-s each model alone: {self.saved_pct:.1f}% saved "
+            f"({self.split()}){est}{in_db}"
         )
+
+
+def _pct(with_reuse: float, alone: float) -> float:
+    return 100.0 * (1.0 - with_reuse / alone) if alone else 0.0
 
 
 def savings_of(
@@ -89,13 +153,15 @@ def savings_of(
     known: Collection[str] = (),
     predicted: Collection[str] = (),
     estimated: Mapping[str, float] | None = None,
+    calibration: str | None = None,
 ) -> Savings:
-    """Profiling cost of ``models`` in this order with cross-model reuse vs each alone (``known``: signatures
+    """Onboarding cost of ``models`` in this order with cross-model reuse vs each alone (``known``: signatures
     complete in the DB before the run: priced like the rest, so the figure does not depend on what an earlier
     run measured, and reported per model and as ``in_db_s``, what this run does not measure again;
     ``predicted``: signatures left to the shape model, which cost nothing with reuse but their full price
     alone; ``estimated``: the predicted cost of signatures nothing is measured of, see :func:`estimate_costs`;
-    one missing there is priced at the DB's mean cost per point)."""
+    one missing there is priced at the DB's mean cost per point). Tracing and calibration forwards are priced by
+    :class:`_Onboarding` (``calibration``: the policy a model not calibrated yet will get; None: as recorded)."""
     predicted = set(predicted)
     estimated = estimated or {}
     measured = store.signature_costs(ctx)
@@ -124,12 +190,94 @@ def savings_of(
         n_mean += sum(1 for k in fresh if k not in measured and k not in estimated)
         n_all += len(fresh)
         seen |= keys
-    with_reuse = sum(r.marginal_s for r in rows)
-    without = sum(r.alone_s for r in rows)
     points = {k: n for m in models for k, n in m.points.items()}
     in_db = sum(cost(k, points[k]) for k in seen & set(known))
+    on = _Onboarding(store, ctx, lambda m: sum(cost(k, n) for k, n in m.points.items()))
+    in_db += on.price(rows, calibration)
     share = (n_meas / n_all, n_mean / n_all) if n_all else (1.0, 0.0)
-    return Savings(rows, with_reuse, without, share[0], in_db, len(predicted & seen), share[1])
+    untimed = sum(1 for r in rows if on.untimed(r.name))
+    return Savings(rows, share[0], in_db, len(predicted & seen), share[1], untimed, on.estimated, on.unpriced)
+
+
+class _Onboarding:
+    """Tracing and calibration forwards per model, from the DB.
+
+    A model calibrated in full is priced at its forwards' cost (its check, if one missed, included). On its own
+    a model needs the full set (an empty DB has no shared overhead fit), so one only checked, or not calibrated
+    at all, is priced alone by an estimate: its check's cost times what the full set cost over the check's
+    shapes on the DB's fully calibrated models; without a check, its operator profiling cost times their ratio
+    of calibration to profiling."""
+
+    def __init__(self, store: ProfileStore, ctx: ProfileContext, profile_alone: Callable[[ModelSignatures], float]):
+        from dooly.profiler.calibrate import CHECK_SHAPES, CHECK_SUFFIX
+
+        self.store, self.ctx, self.estimated, self.unpriced = store, ctx, 0, 0
+        self.forwards: dict[str, dict[tuple[str, str, str], float]] = {}
+        for key, ph, v, m in store.forwards(ctx):
+            if "#holdout" not in key and not key.startswith("#"):  # validation's held-out forwards are not onboarding
+                self.forwards.setdefault(key.split("#")[0], {})[(key, ph, canonical_point(v))] = m.cost_s
+        self.check_key = CHECK_SUFFIX
+        checks = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
+        full = {name: self.full_s(name) for name in self.forwards if self.full_s(name)}
+        # per fully calibrated model: its full set's cost over what the check's shapes cost in its first round
+        at_check = {n: self._cost_at(n, checks) for n in full}
+        self.per_check = [full[n] / at_check[n] for n in full if at_check[n] > 0]
+        alone = {m.name: profile_alone(m) for m in profiled_models(store, ctx)}
+        self.per_profile = [full[n] / alone[n] for n in full if alone.get(n)]
+
+    def _cost_at(self, name: str, shapes: Collection[tuple[str, str]]) -> float:
+        """Cost of the model's first full-depth round at ``shapes`` ((phase, canonical point))."""
+        return sum(c for (k, ph, p), c in self.forwards[name].items() if k == name and (ph, p) in shapes)
+
+    def full_s(self, name: str) -> float:
+        """Cost of the model's full calibration in the DB (0 when it has none)."""
+        return sum(c for (k, *_), c in self.forwards.get(name, {}).items() if k != name + self.check_key)
+
+    def trace_s(self, name: str) -> float:
+        variants = {name} | {re.sub(r"#round\d+$", "", k) for k, *_ in self.forwards.get(name, {})}
+        return sum(trace_seconds(self.store, self.ctx.engine, self.ctx.dtype, v) or 0.0 for v in variants)
+
+    def untimed(self, name: str) -> bool:
+        return trace_seconds(self.store, self.ctx.engine, self.ctx.dtype, name) is None
+
+    def estimate_full(self, name: str, profile_alone_s: float) -> float:
+        """The model's full calibration when the DB holds less of it (see the class)."""
+        check = sum(self.forwards.get(name, {}).values()) - self.full_s(name)
+        if not check and not self.per_profile:  # nothing to estimate it from
+            self.unpriced += 1
+            return 0.0
+        self.estimated += 1
+        if check:
+            return check * self.check_ratio()
+        return profile_alone_s * float(np.median(self.per_profile))
+
+    def check_ratio(self) -> float:
+        """A full calibration's cost per unit of a check's cost."""
+        return float(np.median(self.per_check)) if self.per_check else _CHECK_FALLBACK_RATIO
+
+    def price(self, rows: Sequence[ModelCost], policy: str | None) -> float:
+        """Fill each row's tracing and calibration; returns the calibration already in the DB (with
+        ``policy``, a plan's: what this run does not measure again)."""
+        in_db, shared = 0.0, bool(self.per_check or self.per_profile)
+        for r in rows:
+            r.trace_s = self.trace_s(r.name)
+            paid = sum(self.forwards.get(r.name, {}).values())
+            full = self.full_s(r.name)
+            r.calib_alone_s = full or self.estimate_full(r.name, r.profile_alone_s)
+            if policy is None or full:  # as recorded (or already calibrated: a plan does not run it again)
+                r.calib_s = paid
+                in_db += paid if policy is not None else 0.0
+            elif policy == "all" or (policy == "check" and not shared):
+                r.calib_s = r.calib_alone_s
+            elif policy == "check":  # the check only: the full set would follow only if it missed
+                r.calib_s = r.calib_alone_s / self.check_ratio()
+            shared = shared or policy != "none"  # a model calibrated in full gives the later ones a shared fit
+        return in_db
+
+
+#: full calibration forwards per check forward (2 depths x 2 rounds x 9 shapes over 2 shapes), where the DB
+#: has no fully calibrated model to measure the ratio of costs on
+_CHECK_FALLBACK_RATIO = 18.0
 
 
 @dataclass(frozen=True)
@@ -172,7 +320,9 @@ class PointCost:
 
 
 def estimate_costs(
-    store: ProfileStore, ctx: ProfileContext, wanted: Mapping[str, tuple[Signature, Sequence[Mapping[str, int]]]],
+    store: ProfileStore,
+    ctx: ProfileContext,
+    wanted: Mapping[str, tuple[Signature, Sequence[Mapping[str, int]]]],
     exclude: Collection[str] = (),
 ) -> dict[str, float]:
     """Predicted profiling cost of each ``{key: (signature, its grid points)}``: the shape model's latency at
@@ -212,13 +362,16 @@ def planned_points(plan: Plan) -> dict[str, tuple[Signature, list[dict[str, int]
     return out
 
 
-def savings(plan: Plan, store: ProfileStore, predicted: Collection[str] = ()) -> Savings:
+def savings(
+    plan: Plan, store: ProfileStore, predicted: Collection[str] = (), calibration: str | None = "all"
+) -> Savings:
     """The plan's models, in the plan's order (``predicted``: signatures left to the shape model); signatures
-    nothing is measured of are priced by :func:`estimate_costs`."""
+    nothing is measured of are priced by :func:`estimate_costs`. ``calibration``: the policy the run gives a
+    model not calibrated yet (None once the run is over: each model's calibration as the DB records it)."""
     measured = store.signature_costs(plan.ctx)
     wanted = {k: v for k, v in planned_points(plan).items() if k not in measured}
     estimated = estimate_costs(store, plan.ctx, wanted) if wanted else {}
-    return savings_of(_signatures(plan), store, plan.ctx, plan.known, predicted, estimated)
+    return savings_of(_signatures(plan), store, plan.ctx, plan.known, predicted, estimated, calibration)
 
 
 def _context_label(ctx: ProfileContext) -> str:
