@@ -1,6 +1,7 @@
 """Profile the zoo's small models with cross-model reuse, then validate the predictor on held-out shapes.
 
-Prints: profiling device-seconds with vs without reuse (measured per signature) and the saving; the
+Prints: onboarding device-seconds (tracing + operator profiling + calibration forwards) with vs without reuse
+(measured per signature and forward) and the saving, with calibration counted and without; the
 predictor's held-out interpolation error (interp vs forest); iteration-latency MAPE per phase for every
 profiled model and for a model that was never profiled (all its signatures come from the others).
 
@@ -88,6 +89,10 @@ def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[fl
               f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
               f"({100 * (1 - with_p / alone_p):.1f}% saved)")  # fmt: skip
         print(f"  device-s, exact reuse: {sv.describe()}")
+        for policy in ("check", "none"):  # the calibration each new model takes (default: all)
+            cal = savings(plan, store, calibration=policy)
+            print(f"  device-s, exact reuse, --calibrate {policy}: {cal.saved_pct:.1f}% saved with calibration counted "
+                  f"({cal.with_reuse_s:.1f} vs {cal.without_reuse_s:.1f}), {cal.saved_pct_uncalibrated:.1f}% without")
         caps = [(f"--budget {b}/model", tr.least_certain(b * len(plan.models))) for b in budgets]
         caps += [(f"--budget-seconds {s:g}", tr.within_seconds(s)) for s in budget_s]
         for flag, chosen in caps:
@@ -219,14 +224,17 @@ def main() -> None:
             name, cfg = resolve_model(m)
             calib += calibrate(name, cfg, store, engine, plan.ctx, threads=args.threads)
         print(f"calibration forwards this run: {calib:.1f} s")
-        sv = savings(plan, store)
+        sv = savings(plan, store, calibration=None)  # the run is over: each model's calibration as recorded
         for r in sv.models:
+            parts = f"trace {r.trace_s:.1f}, profile {r.profile_alone_s:.1f}/{r.profile_s:.1f}, calibrate "
+            parts += f"{r.calib_alone_s:.1f}/{r.calib_s:.1f}"
             print(f"  {r.name:16s} sigs {r.signatures:4d} new {r.new:4d} reused(list) {r.reused_models:4d} "
-                  f"alone {r.alone_s:7.1f} s  with reuse {r.marginal_s:7.1f} s")  # fmt: skip
-        print(f"PROFILING COST ({', '.join(args.models)}): {sv.describe()}")
+                  f"alone {r.alone_s:7.1f} s  with reuse {r.marginal_s:7.1f} s ({parts})")  # fmt: skip
+        print(f"ONBOARDING COST ({', '.join(args.models)}): {sv.describe()}")
+        print(f"SAVED: {sv.saved_pct:.1f}% with calibration counted, {sv.saved_pct_uncalibrated:.1f}% without")
         for ctx, db_sv in profiled_savings(store).items():  # what `dooly report` headlines for this DB
             if ctx == plan.ctx:
-                print(f"PROFILING COST (every model profiled into {args.db}): {db_sv.describe()}")
+                print(f"ONBOARDING COST (every model profiled into {args.db}): {db_sv.describe()}")
         raw = store.all_points(plan.ctx)
         pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
         errs = method_errors(pts, sample=60)

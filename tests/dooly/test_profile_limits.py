@@ -130,8 +130,13 @@ def test_report_and_cli_print_the_same_savings(tmp_path: Path, monkeypatch) -> N
         seed_traces(db, cfg)
     res = runner.invoke(app, ["profile", *map(str, paths), "--db", str(db), "--grid", "tiny"])
     assert res.exit_code == 0, res.output
-    cli = re.search(r"profiling cost: 2 models: .*?([\d.]+)% saved", " ".join(res.output.split()))
+    cli = re.search(r"onboarding cost: 2 models: .*?([\d.]+)% saved", " ".join(res.output.split()))
     assert cli, res.output
+    # the split: calibration forwards are counted on both sides, and the figure without them is shown too
+    pattern = r"calibrate ([\d.]+) device-s with reuse, [\d.]+ \+ [\d.]+ \+ ([\d.]+) alone; "
+    pattern += r"without calibration [\d.]+ vs [\d.]+: ([\d.]+)% saved"
+    split = re.search(pattern, " ".join(res.output.split()))
+    assert split and float(split.group(1)) > 0 and float(split.group(2)) == float(split.group(1)), res.output
     with ProfileStore(db, readonly=True) as st:  # calibration also ran each model at half its depth
         ctx = context_for(get_engine(), 1)
         assert {m for m, *_ in st.forwards(ctx)} >= {"tiny-a", "tiny-a#round2", "tiny-a#layers1",
@@ -147,4 +152,34 @@ def test_report_and_cli_print_the_same_savings(tmp_path: Path, monkeypatch) -> N
     page = (tmp_path / "r.html").read_text()
     found = re.findall(r"(\d+) models: [^<]*?([\d.]+)% saved", page)
     assert found == [("2", cli.group(1))]
+    assert "without calibration" in page and f"{split.group(3)}% saved" in page and "calib_alone_s" in page
     assert 0 < float(cli.group(1)) < 100
+
+
+def test_calibrate_check_runs_the_full_set_only_when_the_shared_fit_misses(tmp_path: Path, monkeypatch) -> None:
+    """`--calibrate check`: the first model has no shared fit to check against (full set); the second is checked
+    with one forward per phase, and calibrated in full exactly when the check says it missed. `dooly plan` says
+    which, one line per model."""
+    monkeypatch.setenv("DOOLY_THREADS", "1")
+    db, paths = tmp_path / "p.db", []
+    for name, inter in (("tiny-a", 128), ("tiny-b", 96)):
+        cfg = tiny_config(name, inter)
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(cfg))
+        seed_traces(db, cfg)
+    res = runner.invoke(app, ["plan", *map(str, paths), "--db", str(db), "--grid", "tiny", "--calibrate", "check"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "tiny-a: full, 36 forwards (2 depth(s) x 2 rounds): no shared overhead fit" in text
+    assert "tiny-b: check: 2 forwards against the shared overhead fit of 1 model(s)" in text
+    res = runner.invoke(app, ["plan", str(paths[0]), "--db", str(db), "--grid", "tiny", "--calibrate", "some"])
+    assert isinstance(res.exception, DoolyError) and "unknown --calibrate 'some'" in str(res.exception)
+    for p in paths:
+        res = runner.invoke(app, ["profile", str(p), "--db", str(db), "--grid", "tiny", "--calibrate", "check"])
+        assert res.exit_code == 0, res.output
+    verdict = re.search(r"calibration check on tiny-b (passed|missed)", res.output)
+    assert verdict, res.output
+    with ProfileStore(db, readonly=True) as st:
+        keys = {m for m, *_ in st.forwards(context_for(get_engine(), 1))}
+    assert {"tiny-a", "tiny-a#layers1#round2", "tiny-b#check"} <= keys and "tiny-a#check" not in keys
+    assert ("tiny-b" in keys) == (verdict.group(1) == "missed")

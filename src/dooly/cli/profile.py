@@ -41,6 +41,12 @@ _BUDGET = typer.Option(
     "the rest are predicted from shape (validate with --shape). Signatures no shape model covers are always "
     "measured. Default: measure every new signature.",
 )  # fmt: skip
+_CALIBRATE = typer.Option(
+    "all", "--calibrate", metavar="POLICY",
+    help="Calibration forwards (real forwards that fit the framework overhead): all (every model, at its depth and "
+    "half of it, two rounds), check (one forward per phase against the overhead fitted on the DB's other models; "
+    "the full set only if it misses), or none (the shared fit, unchecked).",
+)  # fmt: skip
 _BUDGET_S = typer.Option(
     None, "--budget-seconds", min=0.0, metavar="S",
     help="As --budget, but a cap on predicted profiling device time: the signatures no shape model covers are "
@@ -145,18 +151,24 @@ def _fail_if(failed: list[str]) -> None:
         raise typer.Exit(1)
 
 
-def _print_savings(plan, store, predicted=()) -> None:  # type: ignore[no-untyped-def]
+_SAVINGS_COLS = ("model", "signatures", "new", "reused (list)", "reused (DB)", "trace s", "profile alone s")
+_SAVINGS_COLS += ("profile s", "calibrate alone s", "calibrate s", "alone s", "with reuse s")
+
+
+def _print_savings(plan, store, predicted=(), calibration: str | None = "all") -> None:  # type: ignore[no-untyped-def]
+    """The plan's onboarding cost per model (``calibration``: the policy of the run to come; None once it ran)."""
     from dooly.profiler import savings
 
-    sv = savings(plan, store, predicted)
-    t = Table(title=f"profiling plan ({plan.ctx.hardware}, {plan.ctx.engine}, {plan.ctx.dtype})")
-    for col in ("model", "signatures", "new", "reused (list)", "reused (DB)", "alone s", "with reuse s"):
+    sv = savings(plan, store, predicted, calibration)
+    t = Table(title=f"onboarding plan ({plan.ctx.hardware}, {plan.ctx.engine}, {plan.ctx.dtype})")
+    for col in _SAVINGS_COLS:
         t.add_column(col, justify="right" if col != "model" else "left")
     for r in sv.models:
+        costs = (r.trace_s, r.profile_alone_s, r.profile_s, r.calib_alone_s, r.calib_s, r.alone_s, r.marginal_s)
         t.add_row(r.name, str(r.signatures), str(r.new), str(r.reused_models), str(r.reused_db),
-                  f"{r.alone_s:.1f}", f"{r.marginal_s:.1f}")  # fmt: skip
+                  *(f"{c:.1f}" for c in costs))  # fmt: skip
     out.print(t)
-    out.print(f"profiling cost: {sv.describe()}")
+    out.print(f"onboarding cost: {sv.describe()}")
     out.print(f"to profile now: {len(plan.jobs)} jobs, {plan.todo_points} points; "
               f"{len(plan.in_db)} signatures already in the DB")  # fmt: skip
 
@@ -196,6 +208,49 @@ def _triage(plan, store, budget: int | None, budget_s: float | None = None):  # 
     return predicted
 
 
+def _policy(name: str) -> str:
+    from dooly.errors import DoolyError
+    from dooly.profiler.calibrate import CALIBRATION_POLICIES
+
+    if name not in CALIBRATION_POLICIES:
+        raise DoolyError(f"unknown --calibrate {name!r} ({', '.join(CALIBRATION_POLICIES)})")
+    return name
+
+
+def _print_calibration(models: list[str], store, ctx, policy: str) -> None:  # type: ignore[no-untyped-def]
+    """One line per model: the calibration it will take under ``policy``, and why."""
+    from dooly.profiler.calibrate import calibration_needs
+    from dooly.zoo import resolve_model
+
+    needs = calibration_needs(store, ctx, dict(resolve_model(m) for m in models), policy)
+    out.print(f"calibration (--calibrate {policy}):")
+    for name, line in needs.items():
+        out.print(f"  {name}: {line}", highlight=False, soft_wrap=True)
+
+
+def _calibrate_all(models: list[str], policy: str, db: Path, store, engine, ctx, threads) -> float:  # type: ignore[no-untyped-def]
+    """Calibrate ``models`` in order under ``policy``; returns the device seconds of their forwards."""
+    from dooly.api import check_calibration
+    from dooly.profiler import calibrate
+    from dooly.profiler.calibrate import CHECK_SUFFIX, calibrated_models
+    from dooly.zoo import resolve_model
+
+    spent = 0.0
+    for m in models if policy != "none" else ():
+        name, cfg = resolve_model(m)
+        if policy == "check" and name not in calibrated_models(store, ctx):  # one begun resumes in full
+            passed, why = check_calibration(m, db, store, engine, threads)
+            spent += sum(f.cost_s for *_, f in store.forwards(ctx, name + CHECK_SUFFIX))
+            verdict = "passed: no calibration of its own" if passed else "missed: full calibration"
+            err.print(f"calibration check on {name} {verdict} ({why})", highlight=False, soft_wrap=True)
+            if passed:
+                continue
+        err.print(f"calibrating framework overhead on {name}")
+        with _Steps(f"calibrating {name}") as steps:
+            spent += calibrate(name, cfg, store, engine, ctx, threads=threads, on_step=steps)
+    return spent
+
+
 @app.command("plan")
 def plan_cmd(
     models: list[str] = typer.Argument(..., help="Zoo names, config.json paths or model directories."),
@@ -207,25 +262,29 @@ def plan_cmd(
     engine_name: str = _ENGINE,
     budget: int | None = _BUDGET,
     budget_s: float | None = _BUDGET_S,
+    calibration: str = _CALIBRATE,
 ) -> None:
     """Print what profiling MODELS would measure, what it reuses exactly, what it can predict from shape
-    alone, and the cost with vs without reuse."""
+    alone, what calibration each model needs, and the onboarding cost with vs without reuse."""
     from dooly.profiler import make_plan, savings
     from dooly.store import ProfileStore
 
+    _policy(calibration)
     engine, threads = _setup(device, dtype, threads, engine_name)
     grid_spec = _grid(grid)
     with ProfileStore(db, readonly=True) as store:  # planning writes nothing (traces are cached in memory)
         ok, failed = _labelable(models, store, engine)
         if ok:
             plan = make_plan(ok, store, engine, grid_spec, threads)
-            _print_savings(plan, store)
+            _print_savings(plan, store, calibration=calibration)
+            _print_calibration(ok, store, plan.ctx, calibration)
             predicted = _triage(plan, store, budget, budget_s)
             if predicted:
                 flag = f"--budget {budget}" if budget_s is None else f"--budget-seconds {budget_s:g}"
                 left = plan.without(predicted)
                 out.print(f"with {flag}: {len(left.jobs)} jobs, {left.todo_points} points to time")
-                out.print(f"profiling cost with {flag}: {savings(plan, store, predicted).describe()}")
+                sv = savings(plan, store, predicted, calibration)
+                out.print(f"onboarding cost with {flag}: {sv.describe()}")
     _fail_if(failed)
 
 
@@ -238,23 +297,22 @@ def profile_cmd(
     dtype: str = _DTYPE,
     grid: str = _GRID,
     ray_address: str | None = typer.Option(None, "--ray-address", help="Spread the jobs over a Ray cluster."),
-    calibrate_overhead: bool = typer.Option(
-        True, "--calibrate/--no-calibrate",
-        help="Also time real forwards (at the model's depth and at half of it) to fit the framework overhead.",
-    ),
+    calibration: str = _CALIBRATE,
+    no_calibrate: bool = typer.Option(False, "--no-calibrate", help="The same as --calibrate none."),
     engine_name: str = _ENGINE,
     budget: int | None = _BUDGET,
     budget_s: float | None = _BUDGET_S,
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
     from dooly.errors import DoolyError
-    from dooly.profiler import calibrate, make_plan, run_plan
+    from dooly.profiler import make_plan, run_plan
     from dooly.store import ProfileStore
     from dooly.zoo import resolve_model
 
     engine, threads = _setup(device, dtype, threads, engine_name)
     grid_spec = _grid(grid)
-    if calibrate_overhead:  # calibration runs the whole model: refuse one too large now, not after the profiling
+    policy = "none" if no_calibrate else _policy(calibration)
+    if policy != "none":  # calibration runs the whole model: refuse one too large now, not after the profiling
         for m in models:
             name, cfg = resolve_model(m)
             try:
@@ -282,36 +340,17 @@ def profile_cmd(
                 plan, store, engine, threads=threads, ray_address=ray_address,
                 on_job=lambda job, _s: bar.advance(task, len(job.items)),
             )  # fmt: skip
-        calib = 0.0
-        if calibrate_overhead:
-            for m in models:
-                name, cfg = resolve_model(m)
-                err.print(f"calibrating framework overhead on {name}")
-                with _Steps(f"calibrating {name}") as steps:
-                    calib += calibrate(name, cfg, store, engine, plan.ctx, threads=threads, on_step=steps)
+        calib = _calibrate_all(models, policy, db, store, engine, plan.ctx, threads)
         for f in stats["failures"][:10]:
             err.print(f"[yellow]could not time[/] {f}")
         out.print(f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
                   f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
                   f"calibration forwards {calib:.1f} s")  # fmt: skip
-        _print_savings(plan, store, predicted)
+        _print_savings(plan, store, predicted, calibration=None)
         if predicted:
             out.print(f"{len(predicted)} signatures left to the shape model (not measured): validate and "
                       f"predict with `--shape`")  # fmt: skip
     _fail_if(failed)
-
-
-def _measure(name: str, pred, cfg, engine, keep_in: Path | None, **kw):  # type: ignore[no-untyped-def]
-    """`validate`'s held-out forwards, with progress (stored in ``keep_in`` when given)."""
-    from dooly.predictor import validate_model
-    from dooly.store import ProfileStore
-
-    err.print(f"measuring {name}")
-    with _Steps(f"measuring {name}") as steps:
-        if keep_in is None:
-            return validate_model(pred, cfg, engine, on_step=steps, **kw)
-        with ProfileStore(keep_in) as store:
-            return validate_model(pred, cfg, engine, store=store, on_step=steps, **kw)
 
 
 @app.command("validate")
@@ -346,7 +385,7 @@ def validate_cmd(
     profiled (signatures no other model needs, and its calibration forwards, left out of every fit).
     """
     from dooly.errors import DoolyError
-    from dooly.predictor import Predictor, method_errors, phase_mape, round_spread
+    from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
     from dooly.profiler import context_for
     from dooly.store import ProfileStore, profile_command
     from dooly.zoo import resolve_model
@@ -383,7 +422,14 @@ def validate_cmd(
         shaped = ", ".join(f"{ph} {n_shape.get(ph, 0)} of {total[ph]}" for ph in total)
         err.print(f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
                   f"signatures predicted from shape alone: {shaped}")  # fmt: skip
-    rows = _measure(name, pred, cfg, engine, db if keep else None, threads=threads, repeats=repeats, rounds=rounds)
+    err.print(f"measuring {name}")
+    with _Steps(f"measuring {name}") as steps:
+        kw = {"threads": threads, "repeats": repeats, "rounds": rounds, "on_step": steps}
+        if keep:
+            with ProfileStore(db) as store:
+                rows = validate_model(pred, cfg, engine, store=store, **kw)
+        else:
+            rows = validate_model(pred, cfg, engine, **kw)
     others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
     cols = ["phase", "shape", "measured ms", "rounds ms"]
