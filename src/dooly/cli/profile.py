@@ -353,6 +353,19 @@ def profile_cmd(
     _fail_if(failed)
 
 
+def _measure(name: str, pred, cfg, engine, keep_in: Path | None, **kw):  # type: ignore[no-untyped-def]
+    """`validate`'s held-out forwards, with progress (stored in ``keep_in`` when given)."""
+    from dooly.predictor import validate_model
+    from dooly.store import ProfileStore
+
+    err.print(f"measuring {name}")
+    with _Steps(f"measuring {name}") as steps:
+        if keep_in is None:
+            return validate_model(pred, cfg, engine, on_step=steps, **kw)
+        with ProfileStore(keep_in) as store:
+            return validate_model(pred, cfg, engine, store=store, on_step=steps, **kw)
+
+
 @app.command("validate")
 def validate_cmd(
     model: str = typer.Argument(..., help="Zoo name, config.json path or model directory."),
@@ -385,7 +398,7 @@ def validate_cmd(
     profiled (signatures no other model needs, and its calibration forwards, left out of every fit).
     """
     from dooly.errors import DoolyError
-    from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
+    from dooly.predictor import Predictor, method_errors, phase_mape, round_spread
     from dooly.profiler import context_for
     from dooly.store import ProfileStore, profile_command
     from dooly.zoo import resolve_model
@@ -422,14 +435,7 @@ def validate_cmd(
         shaped = ", ".join(f"{ph} {n_shape.get(ph, 0)} of {total[ph]}" for ph in total)
         err.print(f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
                   f"signatures predicted from shape alone: {shaped}")  # fmt: skip
-    err.print(f"measuring {name}")
-    with _Steps(f"measuring {name}") as steps:
-        kw = {"threads": threads, "repeats": repeats, "rounds": rounds, "on_step": steps}
-        if keep:
-            with ProfileStore(db) as store:
-                rows = validate_model(pred, cfg, engine, store=store, **kw)
-        else:
-            rows = validate_model(pred, cfg, engine, **kw)
+    rows = _measure(name, pred, cfg, engine, db if keep else None, threads=threads, repeats=repeats, rounds=rounds)
     others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
     cols = ["phase", "shape", "measured ms", "rounds ms"]
