@@ -34,9 +34,9 @@ GRACE_S = float(os.environ.get("DOOLY_REAPER_GRACE_S", "10"))
 POLL_S = 0.2
 
 
-def _prctl(option: int, arg: int) -> None:
+def _prctl(what: int, arg: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(what, arg, 0, 0, 0)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
