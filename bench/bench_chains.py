@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from tracesynth.evaluate.metrics import ngram_jsd, pieces_ngram_jsd  # noqa: E402
-from tracesynth.generator import load_generator  # noqa: E402
+from tracesynth.generators import load_generator  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
 
 

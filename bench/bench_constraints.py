@@ -9,7 +9,7 @@
   positive (target <= 0.5% on both). The last 50% is the phase-change column: in the phase-change
   trace it is the second workload (its sqlite3 part starts at 49.99% of the events). What the
   advisory entries would flag is shown apart (never counted);
-* repair of a Markov-4 sample (tracesynth.baselines.markov, fitted on the first 70%), plain and drawn
+* repair of a Markov-4 sample (tracesynth.generators.markov, fitted on the first 70%), plain and drawn
   under the kernel invariants (`guide="kernel"`): violations before and after, edit rate = events
   changed / events (target <= 5% plain, <= 0.5% guided, zero violations after), and which fix made
   the edits;
@@ -31,8 +31,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tracesynth.baselines.markov import MarkovChain
 from tracesynth.constraints import check_trace, mine_rules, repair_trace
+from tracesynth.generators.markov import MarkovChain
 from tracesynth.io import read_trace
 from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace

@@ -39,10 +39,10 @@ sys.path.insert(0, str(REPO / "src"))
 
 from tracesynth import divergence  # noqa: E402
 from tracesynth.channels import ChannelCodec  # noqa: E402
-from tracesynth.diffusion import TraceSynth, TraceSynthConfig  # noqa: E402
-from tracesynth.diffusion.model import TraceDenoiser  # noqa: E402
-from tracesynth.diffusion.schedule import NoiseSchedule  # noqa: E402
-from tracesynth.diffusion.train import DiffusionLoss  # noqa: E402
+from tracesynth.generators.diffusion import GaussianDiffusion, GaussianDiffusionConfig  # noqa: E402
+from tracesynth.generators.diffusion.model import TraceDenoiser  # noqa: E402
+from tracesynth.generators.diffusion.schedule import NoiseSchedule  # noqa: E402
+from tracesynth.generators.diffusion.train import DiffusionLoss  # noqa: E402
 from tracesynth.splits import split_by_time  # noqa: E402
 from tracesynth.trace import Trace  # noqa: E402
 
@@ -74,7 +74,7 @@ def quality(sample: Trace, real: Trace) -> dict[str, float]:
     }
 
 
-def check_valid(synth: TraceSynth, sample: Trace) -> int:
+def check_valid(synth: GaussianDiffusion, sample: Trace) -> int:
     """Every window of the sample decodes into a valid Trace on its own; returns windows checked."""
     L = synth.config.context
     n = 0
@@ -87,7 +87,7 @@ def check_valid(synth: TraceSynth, sample: Trace) -> int:
 
 
 # -- throughput -------------------------------------------------------------------------------
-def train_rate(cfg: TraceSynthConfig, vocab: dict[str, int], steps: int) -> float:
+def train_rate(cfg: GaussianDiffusionConfig, vocab: dict[str, int], steps: int) -> float:
     """Training events/s of one configuration on random tokens (cost does not depend on values)."""
     torch.manual_seed(0)
     model = TraceDenoiser(cfg, vocab)
@@ -110,7 +110,7 @@ def train_rate(cfg: TraceSynthConfig, vocab: dict[str, int], steps: int) -> floa
 
 
 @torch.no_grad()
-def pass_seconds(cfg: TraceSynthConfig, vocab: dict[str, int], windows: int, reps: int) -> float:
+def pass_seconds(cfg: GaussianDiffusionConfig, vocab: dict[str, int], windows: int, reps: int) -> float:
     """Seconds of one denoiser pass over `windows` windows (one sampler step)."""
     torch.manual_seed(0)
     model = TraceDenoiser(cfg, vocab).eval()
@@ -129,7 +129,7 @@ def bench_throughput(codec6: ChannelCodec, quick: bool) -> list[dict]:
     rows = []
     for L in (256, 1024, 4096):
         for ch in (2, 6):
-            cfg = TraceSynthConfig(context=L, channels=ch, batch_size=max(1, 8192 // L))
+            cfg = GaussianDiffusionConfig(context=L, channels=ch, batch_size=max(1, 8192 // L))
             vocab = {c: v for c, v in codec6.vocab_sizes.items() if c in cfg.channel_names}
             tr = train_rate(cfg, vocab, 2 if quick else 4)
             w = max(1, 8192 // L)
@@ -163,10 +163,10 @@ def bench_throughput(codec6: ChannelCodec, quick: bool) -> list[dict]:
 
 
 # -- training runs ----------------------------------------------------------------------------
-def fit_for(train: Trace, seconds: float, **kw) -> TraceSynth:
-    cfg = TraceSynthConfig(steps=100_000, time_limit=seconds, checkpoint_every=100_000, **kw)
+def fit_for(train: Trace, seconds: float, **kw) -> GaussianDiffusion:
+    cfg = GaussianDiffusionConfig(steps=100_000, time_limit=seconds, checkpoint_every=100_000, **kw)
     t0 = time.perf_counter()
-    synth = TraceSynth(cfg).fit([train])
+    synth = GaussianDiffusion(cfg).fit([train])
     h = synth.history
     print(
         f"    trained {h['steps']} steps, fit in {time.perf_counter() - t0:.0f} s with calibration "
@@ -213,7 +213,7 @@ def bench_done_when(train: Trace, test: Trace, seconds: float, n_events: int, n_
     model_dir = out.with_suffix("") / "scimark2-L1024"
     synth.save(model_dir)
     t0 = time.perf_counter()
-    s = TraceSynth.load(model_dir).sample(n_events, seed=0)
+    s = GaussianDiffusion.load(model_dir).sample(n_events, seed=0)
     dt = time.perf_counter() - t0
     windows = check_valid(synth, s)
     q = quality(s, test)
@@ -284,7 +284,7 @@ def main() -> None:
     )
     res: dict = {"data": str(args.data), "quick": args.quick}
     if "throughput" in parts:
-        d = TraceSynthConfig()
+        d = GaussianDiffusionConfig()
         print(
             f"throughput (random weights and tokens; d_model {d.d_model}, {d.n_layers} layers, patch = L // 256):",
             flush=True,

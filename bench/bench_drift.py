@@ -27,12 +27,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from tracesynth.autoregressive import Autoregressive  # noqa: E402
 from tracesynth.evaluate.metrics import counts_jsd, ngram_counts  # noqa: E402
-from tracesynth.generator import load_generator  # noqa: E402
+from tracesynth.generators import load_generator  # noqa: E402
+from tracesynth.generators.ar import Autoregressive  # noqa: E402
+from tracesynth.generators.tokens import CHANNELS  # noqa: E402
 from tracesynth.guide import KernelGuide  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
-from tracesynth.tokenmodel import CHANNELS  # noqa: E402
 
 
 def trigrams(rows: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from tracesynth.baselines import MarkovChain
 from tracesynth.evaluate import metrics
 from tracesynth.evaluate.classifier import ClassifierConfig, train_classifier
 from tracesynth.evaluate.windows import Vocab, make_windows
+from tracesynth.generators.markov import MarkovChain
 from tracesynth.trace import Trace
 
 REPO = Path(__file__).resolve().parents[1]

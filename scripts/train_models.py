@@ -28,9 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from atomicio import atomic_path  # noqa: E402
-from tracesynth.autoregressive import ARConfig, Autoregressive  # noqa: E402
 from tracesynth.collect import sha256_file  # noqa: E402
 from tracesynth.errors import TraceSynthError  # noqa: E402
+from tracesynth.generators.ar import ARConfig, Autoregressive  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
 from tracesynth.optim import resolve_device  # noqa: E402
 from tracesynth.splits import split_by_time  # noqa: E402

@@ -278,9 +278,9 @@ def _mutate_model(p: Path, rng: random.Random) -> Mutation:
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Format]:
     from conftest import LTTNG_WGET
 
-    from tracesynth.autoregressive import ARConfig, Autoregressive
-    from tracesynth.baselines import MarkovChain
-    from tracesynth.diffusion import TraceSynth, TraceSynthConfig
+    from tracesynth.generators.ar import ARConfig, Autoregressive
+    from tracesynth.generators.diffusion import GaussianDiffusion, GaussianDiffusionConfig
+    from tracesynth.generators.markov import MarkovChain
     from tracesynth.io.strace import read_strace
 
     root = tmp_path_factory.mktemp("fuzz-inputs")
@@ -288,9 +288,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Format]:
     trace = read_strace(strace)
     trace.save(root / "t.parquet")
     # small models: the smallest shapes that fit and sample
-    cfg = TraceSynthConfig(context=32, d_model=16, n_layers=1, n_heads=2, steps=1, batch_size=2, timesteps=20,
+    cfg = GaussianDiffusionConfig(context=32, d_model=16, n_layers=1, n_heads=2, steps=1, batch_size=2, timesteps=20,
                            sampling_steps=2, checkpoint_every=1, calibrate=False)  # fmt: skip
-    TraceSynth(cfg).fit([trace], checkpoint_dir=root / "diffusion")
+    GaussianDiffusion(cfg).fit([trace], checkpoint_dir=root / "diffusion")
     MarkovChain(2).fit([trace]).save(root / "markov")
     tiny_ar = dict(context=16, d_model=16, n_layers=1, n_heads=2, steps=1, batch_size=2, chains=2)
     Autoregressive(ARConfig(**tiny_ar)).fit([trace]).save(root / "ar")
@@ -325,7 +325,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 def _markov(inp: Path, out: Path) -> Outcome:
     """The Markov baseline has no CLI: load() and sample() must fail only with TraceSynthError."""
-    from tracesynth.baselines import MarkovChain
+    from tracesynth.generators.markov import MarkovChain
 
     code, err, crash = 0, "", None
     with warnings.catch_warnings(record=True) as caught:

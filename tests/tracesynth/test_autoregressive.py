@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracesynth.autoregressive import ORDER, ARConfig, Autoregressive
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import load_generator, make_generator
+from tracesynth.generators import load_generator, make_generator
+from tracesynth.generators.ar import ORDER, ARConfig, Autoregressive
 from tracesynth.io import read_trace
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,13 +18,13 @@ import torch
 from cli_run import SRC, one_line_error, tracesynth
 
 from atomicio import OutputPathError
-from tracesynth.autoregressive import ARConfig, Autoregressive
 from tracesynth.bounds import SampleProgress, check_sample_size
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import load_generator
+from tracesynth.generators import load_generator
+from tracesynth.generators.ar import ARConfig, Autoregressive
+from tracesynth.generators.masked import MaskedConfig, MaskedDiffusion
+from tracesynth.generators.tokens import TRAIN_STATE
 from tracesynth.io import read_trace
-from tracesynth.masked import MaskedConfig, MaskedDiffusion
-from tracesynth.tokenmodel import TRAIN_STATE
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(context=16, d_model=16, n_layers=1, n_heads=2, batch_size=4, overlap=4, chains=2, warmup=5)

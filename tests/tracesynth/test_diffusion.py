@@ -13,11 +13,17 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from tracesynth.diffusion import DDIMSampler, NoiseSchedule, TraceSynth, TraceSynthConfig, make_sampler
-from tracesynth.diffusion.samplers import AncestralSampler
-from tracesynth.diffusion.synth import CALIBRATION_TEMPERATURES
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import Generator
+from tracesynth.generators import Generator
+from tracesynth.generators.diffusion import (
+    DDIMSampler,
+    GaussianDiffusion,
+    GaussianDiffusionConfig,
+    NoiseSchedule,
+    make_sampler,
+)
+from tracesynth.generators.diffusion.gaussian import CALIBRATION_TEMPERATURES
+from tracesynth.generators.diffusion.samplers import AncestralSampler
 from tracesynth.trace import Trace
 
 TINY = dict(
@@ -64,8 +70,8 @@ def pattern_trace(n: int = 600, seed: int = 0) -> Trace:
 
 
 @pytest.fixture(scope="module")
-def fitted() -> TraceSynth:
-    return TraceSynth(TraceSynthConfig(**TINY)).fit([pattern_trace()])
+def fitted() -> GaussianDiffusion:
+    return GaussianDiffusion(GaussianDiffusionConfig(**TINY)).fit([pattern_trace()])
 
 
 def test_schedule_add_noise_inverts_through_predict_x0() -> None:
@@ -99,7 +105,7 @@ def test_samplers_recover_x0_from_an_oracle_denoiser(kind: str) -> None:
         make_sampler("euler", s)
 
 
-def test_fit_sample_produces_valid_traces(fitted: TraceSynth) -> None:
+def test_fit_sample_produces_valid_traces(fitted: GaussianDiffusion) -> None:
     assert isinstance(fitted, Generator) and fitted.name == "diffusion"
     assert fitted.step == TINY["steps"] and np.isfinite(fitted.history["loss"])
     # the soft-clamp temperature was picked on the validation windows, among the candidates
@@ -115,7 +121,7 @@ def test_fit_sample_produces_valid_traces(fitted: TraceSynth) -> None:
     assert len(fitted.sample(0)) == 0
 
 
-def test_same_seed_same_events_and_survives_save_load(fitted: TraceSynth, tmp_path: Path) -> None:
+def test_same_seed_same_events_and_survives_save_load(fitted: GaussianDiffusion, tmp_path: Path) -> None:
     a = fitted.sample(70, seed=5)
     assert fitted.sample(70, seed=5) == a
     assert fitted.sample(70, seed=6) != a
@@ -123,15 +129,15 @@ def test_same_seed_same_events_and_survives_save_load(fitted: TraceSynth, tmp_pa
     files = sorted(p.name for p in (tmp_path / "m").iterdir())
     assert files == ["config.json", "model.safetensors", "optimizer.safetensors", "vocab.json"]
     assert not list(tmp_path.glob(".m.*"))  # no temporary left behind
-    loaded = TraceSynth.load(tmp_path / "m")
+    loaded = GaussianDiffusion.load(tmp_path / "m")
     assert loaded.sample(70, seed=5) == a
     anc = loaded.sample(32, seed=5, sampler="ancestral")
     assert len(anc) == 32 and anc.metadata["sampling_steps"] == 100 and anc.metadata["sampler"] == "ancestral"
 
 
 def test_two_channel_model_and_patching() -> None:
-    cfg = TraceSynthConfig(**{**TINY, "channels": 2, "patch": 4, "prediction": "x0"})
-    synth = TraceSynth(cfg).fit([pattern_trace(300)])
+    cfg = GaussianDiffusionConfig(**{**TINY, "channels": 2, "patch": 4, "prediction": "x0"})
+    synth = GaussianDiffusion(cfg).fit([pattern_trace(300)])
     assert synth.model.patch == 4 and set(synth.codec.channels) == {"event", "dt"}
     out = synth.sample(40, seed=0)
     assert len(out) == 40 and out.column("cpu").null_count == 40
@@ -139,10 +145,10 @@ def test_two_channel_model_and_patching() -> None:
 
 def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
     tr = pattern_trace(300)
-    synth = TraceSynth(TraceSynthConfig(**{**TINY, "steps": 3})).fit([tr], checkpoint_dir=tmp_path / "m")
+    synth = GaussianDiffusion(GaussianDiffusionConfig(**{**TINY, "steps": 3})).fit([tr], checkpoint_dir=tmp_path / "m")
     assert json.loads((tmp_path / "m" / "config.json").read_text())["step"] == 3
     assert load_file(str(tmp_path / "m" / "optimizer.safetensors"))  # AdamW moments are saved
-    again = TraceSynth.load(tmp_path / "m")
+    again = GaussianDiffusion.load(tmp_path / "m")
     again.config.steps = 5
     again.fit([tr], checkpoint_dir=tmp_path / "m")
     assert json.loads((tmp_path / "m" / "config.json").read_text())["step"] == 5
@@ -150,59 +156,61 @@ def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
 
 
 def test_time_limit_stops_training_early() -> None:
-    synth = TraceSynth(TraceSynthConfig(**{**TINY, "steps": 10_000, "time_limit": 1e-6})).fit([pattern_trace(300)])
+    cfg = GaussianDiffusionConfig(**{**TINY, "steps": 10_000, "time_limit": 1e-6})
+    synth = GaussianDiffusion(cfg).fit([pattern_trace(300)])
     assert synth.step < 10_000 and synth.history["steps"] == synth.step
 
 
-def test_sample_only_samples(fitted: TraceSynth) -> None:
+def test_sample_only_samples(fitted: GaussianDiffusion) -> None:
     # repair is its own step (tracesynth.constraints.repair_trace), not an option of sample()
     assert "repair" not in inspect.signature(fitted.sample).parameters
     assert not hasattr(fitted, "last_repair_report")
     assert fitted.sample(50, seed=4) == fitted.sample(50, seed=4)
 
 
-def test_errors_name_the_model_directory(fitted: TraceSynth, tmp_path: Path) -> None:
+def test_errors_name_the_model_directory(fitted: GaussianDiffusion, tmp_path: Path) -> None:
     with pytest.raises(TraceSynthError, match="no such model directory"):
-        TraceSynth.load(tmp_path / "absent")
+        GaussianDiffusion.load(tmp_path / "absent")
     fitted.save(tmp_path / "m")
     (tmp_path / "m" / "vocab.json").unlink()
     with pytest.raises(TraceSynthError, match=r"m: not a tracesynth model: missing vocab.json"):
-        TraceSynth.load(tmp_path / "m")
+        GaussianDiffusion.load(tmp_path / "m")
     fitted.save(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(TraceSynthError, match=r"m/model.safetensors: sha256 mismatch"):
-        TraceSynth.load(tmp_path / "m")
+        GaussianDiffusion.load(tmp_path / "m")
     meta = json.loads((tmp_path / "m" / "config.json").read_text())
     del meta["sha256"]  # a model saved before the hashes: the file itself is then found unreadable
     (tmp_path / "m" / "config.json").write_text(json.dumps(meta))
     with pytest.raises(TraceSynthError, match="unreadable model"):
-        TraceSynth.load(tmp_path / "m")
+        GaussianDiffusion.load(tmp_path / "m")
 
 
-def test_a_foreign_optimizer_state_and_a_resumed_time_limit(fitted: TraceSynth, tmp_path: Path) -> None:
+def test_a_foreign_optimizer_state_and_a_resumed_time_limit(fitted: GaussianDiffusion, tmp_path: Path) -> None:
     """Tensors of another model are one line naming file and tensor; a resume counts the seconds trained before."""
     tr = pattern_trace(300)
-    TraceSynth(TraceSynthConfig(**{**TINY, "steps": 3})).fit([tr], checkpoint_dir=tmp_path / "a")
-    TraceSynth(TraceSynthConfig(**{**TINY, "steps": 3, "d_model": 16})).fit([tr], checkpoint_dir=tmp_path / "b")
+    GaussianDiffusion(GaussianDiffusionConfig(**{**TINY, "steps": 3})).fit([tr], checkpoint_dir=tmp_path / "a")
+    cfg = GaussianDiffusionConfig(**{**TINY, "steps": 3, "d_model": 16})
+    GaussianDiffusion(cfg).fit([tr], checkpoint_dir=tmp_path / "b")
     meta = json.loads((tmp_path / "a" / "config.json").read_text())
     del meta["sha256"]
     (tmp_path / "a" / "config.json").write_text(json.dumps(meta))
     good = (tmp_path / "a" / "optimizer.safetensors").read_bytes()
     (tmp_path / "a" / "optimizer.safetensors").write_bytes((tmp_path / "b" / "optimizer.safetensors").read_bytes())
     with pytest.raises(TraceSynthError, match=r"a/optimizer.safetensors: tensor state\.\d+\.exp_avg has shape"):
-        TraceSynth.load(tmp_path / "a")
+        GaussianDiffusion.load(tmp_path / "a")
     (tmp_path / "a" / "optimizer.safetensors").write_bytes(good)
-    again = TraceSynth.load(tmp_path / "a")
+    again = GaussianDiffusion.load(tmp_path / "a")
     again.history["train_seconds"] = 1000.0  # as if the first run had trained that long
     again.config.steps, again.config.time_limit = 10, 500.0
     again.fit([tr])
     assert again.step == 3 and again.history["train_seconds"] >= 1000.0
     with pytest.raises(TraceSynthError, match="no training window"):
-        TraceSynth(TraceSynthConfig(**{**TINY, "context": 512})).fit([pattern_trace(100)])
+        GaussianDiffusion(GaussianDiffusionConfig(**{**TINY, "context": 512})).fit([pattern_trace(100)])
     with pytest.raises(TraceSynthError, match="not fitted"):
-        TraceSynth().sample(5)
+        GaussianDiffusion().sample(5)
     with pytest.raises(TraceSynthError, match="channels"):
-        TraceSynthConfig(channels=3)
+        GaussianDiffusionConfig(channels=3)
 
 
 def test_cli_fit_and_sample(tmp_path: Path) -> None:
@@ -221,7 +229,7 @@ def test_cli_fit_and_sample(tmp_path: Path) -> None:
     assert isinstance(res.exception, TraceSynthError) and not (tmp_path / "x.parquet").exists()
 
 
-def test_cli_sample_with_repair_rules(fitted: TraceSynth, tmp_path: Path) -> None:
+def test_cli_sample_with_repair_rules(fitted: GaussianDiffusion, tmp_path: Path) -> None:
     from tracesynth import constraints
     from tracesynth.cli import app
 
@@ -235,12 +243,12 @@ def test_cli_sample_with_repair_rules(fitted: TraceSynth, tmp_path: Path) -> Non
     assert constraints.check_trace(fixed, constraints.Rules.load(tmp_path / "rules.json")).total == 0
 
 
-def test_registry_loads_the_diffusion_model(fitted: TraceSynth, tmp_path: Path) -> None:
-    from tracesynth.generator import KINDS, load_generator, saved_kind
+def test_registry_loads_the_diffusion_model(fitted: GaussianDiffusion, tmp_path: Path) -> None:
+    from tracesynth.generators import KINDS, load_generator, saved_kind
 
     fitted.save(tmp_path / "m")
     assert saved_kind(tmp_path / "m") is KINDS["diffusion"]
     back = load_generator(tmp_path / "m")
-    assert isinstance(back, TraceSynth) and back.sample(40, seed=2) == fitted.sample(40, seed=2)
+    assert isinstance(back, GaussianDiffusion) and back.sample(40, seed=2) == fitted.sample(40, seed=2)
     assert back.n_params == sum(p.numel() for p in fitted.model.parameters()) > 0
     assert back.fit_info["train_steps"] == fitted.step and back.fit_info["train_windows"] > 0

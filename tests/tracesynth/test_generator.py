@@ -13,12 +13,12 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from tracesynth.baselines import MarkovChain
-from tracesynth.baselines.sdv_par import sdv_available
 from tracesynth.cli import app
 from tracesynth.divergence import jsd
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import KINDS, Generator, load_generator, make_generator, saved_kind
+from tracesynth.generators import KINDS, Generator, get_kind, load_generator, make_generator, saved_kind
+from tracesynth.generators.markov import MarkovChain
+from tracesynth.generators.sdv_par import sdv_available
 from tracesynth.jsonable import jsonable
 from tracesynth.report import render_html, results_markdown
 from tracesynth.tables import cell, html_table, markdown_table, mean_std
@@ -48,6 +48,13 @@ def test_registry_builds_each_kind_behind_the_protocol() -> None:
     assert masked.config.overlap == 16 and isinstance(masked, Generator) and masked.n_params is None
     with pytest.raises(TraceSynthError, match="masked diffusion config"):
         make_generator({"kind": "masked", "config": {"width": 3}})
+    # a kind's config (what `tracesynth fit` builds) makes the generator a spec of the same options makes
+    chain = make_generator(get_kind("markov").config({"order": 2}))
+    assert isinstance(chain, MarkovChain) and chain.order == 2 and make_generator({"kind": "markov"}).order == 4
+    assert make_generator(get_kind("ar").config({"steps": 5})).config == make_generator(
+        {"kind": "ar", "config": {"steps": 5}}).config
+    with pytest.raises(TraceSynthError, match="not a generator config or spec: int"):
+        make_generator(3)
     known = r"\(known: diffusion, masked, ar, markov, sdv_par\)"
     with pytest.raises(TraceSynthError, match=r"unknown generator kind 'gan' " + known):
         make_generator({"kind": "gan"})
@@ -162,4 +169,4 @@ def test_report_does_not_import_evaluation() -> None:
     # one-way: the pipeline (tracesynth.evaluate) renders through tracesynth.report, never the reverse
     code = "import sys, tracesynth.report; print(sorted(m for m in sys.modules if m.startswith('tracesynth.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "tracesynth.report" in out and "tracesynth.evaluate" not in out and "tracesynth.generator" not in out
+    assert "tracesynth.report" in out and "tracesynth.evaluate" not in out and "tracesynth.generators" not in out

@@ -10,15 +10,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tracesynth.autoregressive import ARConfig, Autoregressive
 from tracesynth.channels import ChannelCodec
 from tracesynth.cli import app
 from tracesynth.constraints import check_trace, mine_rules
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import load_generator
+from tracesynth.generators import load_generator
+from tracesynth.generators.ar import ARConfig, Autoregressive
+from tracesynth.generators.masked import MaskedConfig, MaskedDiffusion
 from tracesynth.guide import KernelFacts, KernelGuide
 from tracesynth.io import read_trace
-from tracesynth.masked import MaskedConfig, MaskedDiffusion
 from tracesynth.trace import Trace
 
 REPO = Path(__file__).resolve().parents[2]

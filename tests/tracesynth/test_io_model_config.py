@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cli_run import one_line_error, tracesynth
 
-from tracesynth.diffusion import TraceSynth, TraceSynthConfig
 from tracesynth.errors import TraceSynthError
+from tracesynth.generators.diffusion import GaussianDiffusion, GaussianDiffusionConfig
 from tracesynth.io.strace import read_strace
 
 STRACE = Path(__file__).resolve().parents[1] / "fixtures" / "strace" / "strace-f-ttt-T.txt"
@@ -19,9 +19,9 @@ STRACE = Path(__file__).resolve().parents[1] / "fixtures" / "strace" / "strace-f
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("model") / "m"
-    cfg = TraceSynthConfig(context=32, d_model=16, n_layers=1, n_heads=2, steps=1, batch_size=2, timesteps=20,
+    cfg = GaussianDiffusionConfig(context=32, d_model=16, n_layers=1, n_heads=2, steps=1, batch_size=2, timesteps=20,
                            sampling_steps=2, checkpoint_every=1, calibrate=False)  # fmt: skip
-    TraceSynth(cfg).fit([read_strace(STRACE)], checkpoint_dir=d)
+    GaussianDiffusion(cfg).fit([read_strace(STRACE)], checkpoint_dir=d)
     return d
 
 
@@ -63,12 +63,12 @@ CASES = {
 def test_damaged_config_is_one_error_naming_the_directory(model: Path, tmp_path: Path, name: str) -> None:
     d = _damaged(model, tmp_path, CASES[name])
     with pytest.raises(TraceSynthError) as err:
-        TraceSynth.load(d)
+        GaussianDiffusion.load(d)
     assert err.value.path == str(d)
 
 
 def test_the_undamaged_model_loads(model: Path) -> None:
-    assert TraceSynth.load(model).step == 1
+    assert GaussianDiffusion.load(model).step == 1
 
 
 def test_sample_on_a_damaged_model_is_one_line(model: Path, tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracesynth.baselines import MarkovChain
 from tracesynth.constraints import check_trace, mine_rules
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import Generator
+from tracesynth.generators import Generator
+from tracesynth.generators.markov import MarkovChain
 from tracesynth.trace import Trace
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tracesynth.errors import TraceSynthError
+from tracesynth.generators.masked import MaskedConfig, MaskedDiffusion
+from tracesynth.generators.tokens import N_DT, dt_bucket
 from tracesynth.io import read_trace
-from tracesynth.masked import MaskedConfig, MaskedDiffusion
-from tracesynth.tokenmodel import N_DT, dt_bucket
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(context=32, d_model=32, n_layers=1, n_heads=2, batch_size=8, sample_steps=4, overlap=8, chains=2)

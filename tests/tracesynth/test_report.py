@@ -177,7 +177,7 @@ def test_unknown_regime_is_one_clear_error(tiny_config: dict, tmp_path: Path) ->
 def test_pipeline_samples_a_saved_model_without_fitting_it(tiny_config: dict, tmp_path: Path) -> None:
     """A generator spec with "load" (as the demo's shipped models/all) is sampled per workload, not fitted,
     and stays out of the scarce-data curve (it learned more than any budget)."""
-    from tracesynth.autoregressive import ARConfig, Autoregressive
+    from tracesynth.generators.ar import ARConfig, Autoregressive
 
     torch.set_num_threads(1)
     traces = [read_trace(p if isinstance(p, str) else p["path"]) for p in tiny_config["traces"]]
@@ -201,8 +201,8 @@ def test_pipeline_samples_a_saved_model_without_fitting_it(tiny_config: dict, tm
 
 def test_demo_retrain_fits_the_saved_models_config_per_workload(tmp_path: Path) -> None:
     """`tracesynth demo --retrain S` turns a "load" spec into a fit of the same network for S seconds."""
-    from tracesynth.autoregressive import ARConfig, Autoregressive
     from tracesynth.cli.demo import _retrain_config
+    from tracesynth.generators.ar import ARConfig, Autoregressive
 
     trace = read_trace(workload_trace(tmp_path / "alpha.parquet", ["a", "b", "c"], 0))
     cfg = ARConfig(context=16, d_model=16, n_layers=1, n_heads=2, steps=2, conditional=True)
@@ -231,7 +231,7 @@ def test_shipped_configs_build_their_generators(name: str) -> None:
     minutes into an experiment)."""
     cfg = load_config(configs_dir() / f"{name}.json")
     if any(spec.get("kind") == "sdv_par" for spec in cfg["generators"].values()):
-        from tracesynth.baselines.sdv_par import sdv_available
+        from tracesynth.generators.sdv_par import sdv_available
 
         if sdv_available():
             pytest.skip(f"{name} needs SDV: {sdv_available()}")

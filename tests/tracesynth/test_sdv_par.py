@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tracesynth.baselines.sdv_par import PARBaseline, sdv_available
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import make_generator
+from tracesynth.generators import make_generator
+from tracesynth.generators.sdv_par import PARBaseline, sdv_available
 from tracesynth.trace import Trace
 
 pytestmark = pytest.mark.skipif(sdv_available() is not None, reason=f"sdv not installed ({sdv_available()})")

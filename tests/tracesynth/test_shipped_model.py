@@ -13,7 +13,7 @@ import torch
 from tracesynth.collect import sha256_file
 from tracesynth.constraints import check_trace, mine_rules, repair_trace
 from tracesynth.evaluate.metrics import ngram_jsd
-from tracesynth.generator import load_generator
+from tracesynth.generators import load_generator
 from tracesynth.guide import KernelGuide
 from tracesynth.io import read_trace
 

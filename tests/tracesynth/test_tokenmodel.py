@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from tracesynth.autoregressive import ARConfig, Autoregressive
 from tracesynth.errors import TraceSynthError
+from tracesynth.generators.ar import ARConfig, Autoregressive
+from tracesynth.generators.masked import MaskedConfig, MaskedDiffusion
 from tracesynth.io import read_trace
-from tracesynth.masked import MaskedConfig, MaskedDiffusion
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(context=32, d_model=32, n_layers=1, n_heads=2, batch_size=16, overlap=8, chains=4, sample_steps=8)
@@ -108,6 +108,23 @@ def test_cli_fit_defaults_to_the_shipped_checkpoints_kind_and_recipe(tmp_path: P
     assert (cfg["context"], cfg["d_model"], cfg["lr"], cfg["batch_size"]) == (32, 16, 0.01, 32)
 
 
+@pytest.mark.parametrize("kind", ["masked", "ar"])
+def test_cli_fit_and_a_pipeline_config_build_the_same_model(kind: str, tmp_path: Path) -> None:
+    """`tracesynth fit --kind K` and {"kind": K} in a pipeline config take every default from one place, the
+    kind's config class: the same config, apart from the steps asked for."""
+    from dataclasses import replace
+
+    from typer.testing import CliRunner
+
+    from tracesynth.cli import app
+    from tracesynth.generators import load_generator, make_generator
+
+    args = ["fit", str(REPO / "data" / "sqlite.parquet"), "-o", str(tmp_path / "m"), "--kind", kind]
+    r = CliRunner().invoke(app, [*args, "--steps", "1", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert load_generator(tmp_path / "m").config == replace(make_generator({"kind": kind}).config, steps=1)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("cls, cfg", [(Autoregressive, ARConfig), (MaskedDiffusion, MaskedConfig)])
 def test_trains_on_cuda_as_on_the_cpu_and_samples_on_the_cpu(cls, cfg, two) -> None:
@@ -135,7 +152,7 @@ def test_a_cuda_fit_without_a_gpu_is_refused_in_one_line(cls, cfg, two) -> None:
 
 
 def test_chains_are_cut_where_the_next_one_can_follow() -> None:
-    from tracesynth.tokenmodel import SEAM_TRIM, _seam_ends
+    from tracesynth.generators.tokens import SEAM_TRIM, _seam_ends
 
     ev = np.array([[1, 2, 3, 9, 1, 2, 3, 4],   # ends on 4; 4 -> 9 never occurs, 3 -> 9 does (inside chain 0)
                    [9, 1, 2, 3, 4, 1, 2, 4],   # ends on 4 too, and chain 2 starts with 1: 4 -> 1 occurs

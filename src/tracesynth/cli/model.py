@@ -1,13 +1,13 @@
 """`tracesynth fit` and `tracesynth sample`: train a generator, sample synthetic traces, repair them.
 
-Generators are built and loaded through tracesynth.generator's registry, so `sample` reads any saved
+Generators are built and loaded through the registry (tracesynth.generators), so `sample` reads any saved
 kind; repair is its own step after sampling (tracesynth.constraints.repair_trace).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import typer
@@ -15,77 +15,98 @@ import typer
 from tracesynth.bounds import check_sample_size
 from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
-from tracesynth.generator import get_kind, load_generator, make_generator, saved_kind
+from tracesynth.generators import get_kind, load_generator, make_generator, saved_kind
+
+# fit's option help; an option left out takes the default of the kind's config class (ARConfig, MaskedConfig,
+# GaussianDiffusionConfig, MarkovConfig), the same one a pipeline config's {"kind": ...} gets
+_FIT_HELP = {
+    "data": "Real traces to learn from (Parquet, or any readable format).",
+    "kind": "Generator: ar (autoregressive transformer, the shipped models/all's kind), diffusion (the paper's "
+    "Gaussian model), masked (discrete diffusion) or markov.",
+    "order": "Markov order (with --kind markov; default 4).",
+    "context": "Events per window (L); if not given 256 for ar, else 1024.",
+    "channels": "6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt); default 6.",
+    "steps": "Training steps (in total, counting resumed ones); default 1000.",
+    "time_limit": "Stop training after this many seconds (0 = no limit, the default).",
+    "batch_size": "Windows per step (per process under torchrun); if not given 32 for ar, else 8.",
+    "patch": "diffusion: events per transformer token; 0 = context // 256.",
+    "stride": "diffusion: window stride in events; 0 = context // 2.",
+    "d_model": "Transformer width; if not given 128 for ar, else 64.",
+    "layers": "Transformer blocks; default 2.",
+    "lr": "Peak learning rate; if not given 0.001 for ar, else 0.003.",
+    "checkpoint_every": "ar, masked, diffusion: write a checkpoint to -o every N steps (a loadable, sampleable model "
+    "with its training state); default 200.",
+    "seed": "Seed of weights, batches and noise; default 0.",
+    "device": "cpu or cuda (cuda:N); default cpu.",
+    "resume": "ar, masked, diffusion: continue training the model in -o from its last checkpoint on the same traces "
+    "(a fresh fit if -o holds none); its network and recipe are the checkpoint's, --steps and --time-limit count "
+    "the steps and seconds of both runs. Not markov (it fits in one pass).",
+    "conditional": "masked/ar: one model for the traces' workloads (sample it with --workload).",
+    "threads": "torch CPU threads (0 = torch's default; 1 is faster on a busy CPU).",
+    "init": "masked/ar: start from this fitted model's network (e.g. the shipped models/all) instead of random "
+    "weights, and fine-tune it on the traces; its size and kind are kept. Worth it for a short trace.",
+    "anonymize": "Anonymise each trace before fitting (as `tracesynth anonymize`). Without it the model keeps the "
+    "traces' real command names (vocab.json) and real thread ids (ret values of gettid, clone, ...).",
+    "salt": "Salt of the comm hashes with --anonymize (default: random; give the same one to --resume, and one under "
+    "torchrun).",
+}
 
 
 @app.command()
 def fit(
     ctx: typer.Context,
-    data: list[Path] = typer.Argument(..., help="Real traces to learn from (Parquet, or any readable format)."),
+    data: list[Path] = typer.Argument(..., help=_FIT_HELP["data"]),
     output: Path = typer.Option(..., "-o", "--output", help="Model directory to write."),
-    kind: str = typer.Option(
-        "ar",
-        "--kind",
-        help="Generator: ar (autoregressive transformer, the shipped models/all's kind), diffusion (the paper's "
-        "Gaussian model), masked (discrete diffusion) or markov.",
-    ),
-    order: int = typer.Option(4, "--order", help="Markov order (with --kind markov)."),
-    context: int = typer.Option(None, "--context", help="Events per window (L); if not given 256 for ar, else 1024."),
-    channels: int = typer.Option(6, "--channels", help="6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt)."),
-    steps: int = typer.Option(1000, "--steps", help="Training steps (in total, counting resumed ones)."),
-    time_limit: float = typer.Option(0.0, "--time-limit", help="Stop training after this many seconds (0 = no limit)."),
-    batch_size: int = typer.Option(
-        None, "--batch-size", help="Windows per step (per process under torchrun); if not given 32 for ar, else 8."
-    ),
-    patch: int = typer.Option(0, "--patch", help="Events per transformer token; 0 = context // 256."),
-    stride: int = typer.Option(0, "--stride", help="Window stride in events; 0 = context // 2."),
-    d_model: int = typer.Option(None, "--d-model", help="Transformer width; if not given 128 for ar, else 64."),
-    layers: int = typer.Option(2, "--layers", help="Transformer blocks."),
-    lr: float = typer.Option(None, "--lr", help="Peak learning rate; if not given 0.001 for ar, else 0.003."),
-    checkpoint_every: int = typer.Option(
-        200, "--checkpoint-every", min=1, help="ar, masked, diffusion: write a checkpoint to -o every N steps (a "
-        "loadable, sampleable model with its training state)."
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and noise."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
-    resume: bool = typer.Option(
-        False, "--resume", help="ar, masked, diffusion: continue training the model in -o from its last checkpoint "
-        "on the same traces (a fresh fit if -o holds none); its network and recipe are the checkpoint's, --steps "
-        "and --time-limit count the steps and seconds of both runs. Not markov (it fits in one pass)."
-    ),
-    conditional: bool = typer.Option(
-        False, "--conditional", help="masked/ar: one model for the traces' workloads (sample it with --workload)."
-    ),
-    threads: int = typer.Option(
-        0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
-    ),
-    init: Path = typer.Option(
-        None,
-        "--init",
-        help="masked/ar: start from this fitted model's network (e.g. the shipped models/all) instead of random "
-        "weights, and fine-tune it on the traces; its size and kind are kept. Worth it for a short trace.",
-    ),
-    anonymize: bool = typer.Option(
-        False,
-        "--anonymize",
-        help="Anonymise each trace before fitting (as `tracesynth anonymize`). Without it the model keeps the "
-        "traces' real command names (vocab.json) and real thread ids (ret values of gettid, clone, ...).",
-    ),
-    salt: str = typer.Option(
-        None,
-        "--salt",
-        envvar="TRACESYNTH_SALT",
-        help="Salt of the comm hashes with --anonymize (default: random; give the same one to --resume, and one "
-        "under torchrun).",
-    ),
+    kind: str = typer.Option("ar", "--kind", help=_FIT_HELP["kind"]),
+    order: int = typer.Option(None, "--order", help=_FIT_HELP["order"]),
+    context: int = typer.Option(None, "--context", help=_FIT_HELP["context"]),
+    channels: int = typer.Option(None, "--channels", help=_FIT_HELP["channels"]),
+    steps: int = typer.Option(None, "--steps", help=_FIT_HELP["steps"]),
+    time_limit: float = typer.Option(None, "--time-limit", help=_FIT_HELP["time_limit"]),
+    batch_size: int = typer.Option(None, "--batch-size", help=_FIT_HELP["batch_size"]),
+    patch: int = typer.Option(None, "--patch", help=_FIT_HELP["patch"]),
+    stride: int = typer.Option(None, "--stride", help=_FIT_HELP["stride"]),
+    d_model: int = typer.Option(None, "--d-model", help=_FIT_HELP["d_model"]),
+    layers: int = typer.Option(None, "--layers", help=_FIT_HELP["layers"]),
+    lr: float = typer.Option(None, "--lr", help=_FIT_HELP["lr"]),
+    checkpoint_every: int = typer.Option(None, "--checkpoint-every", min=1, help=_FIT_HELP["checkpoint_every"]),
+    seed: int = typer.Option(None, "--seed", help=_FIT_HELP["seed"]),
+    device: str = typer.Option(None, "--device", help=_FIT_HELP["device"]),
+    resume: bool = typer.Option(False, "--resume", help=_FIT_HELP["resume"]),
+    conditional: bool = typer.Option(False, "--conditional", help=_FIT_HELP["conditional"]),
+    threads: int = typer.Option(0, "--threads", help=_FIT_HELP["threads"]),
+    init: Path = typer.Option(None, "--init", help=_FIT_HELP["init"]),
+    anonymize: bool = typer.Option(False, "--anonymize", help=_FIT_HELP["anonymize"]),
+    salt: str = typer.Option(None, "--salt", envvar="TRACESYNTH_SALT", help=_FIT_HELP["salt"]),
 ) -> None:
     """Train a generator on real traces (an autoregressive transformer unless --kind says otherwise; the diffusion
     model also runs under `torchrun` for several processes).
 
     The model holds the traces' real command names and thread ids unless --anonymize is given.
     """
-    from tracesynth.io import read_trace
+    start, saved, gen_kind = _fit_kind(ctx, kind, output, init, resume, conditional)
+    _check_output(output, gen_kind)  # before the training, not after it
+    options = _config_options(gen_kind, ctx.params)
+    _set_threads(threads)
+    traces = _read_traces(data, anonymize, salt)
+    if gen_kind.name == "diffusion":
+        _fit_diffusion(gen_kind, traces, output, options, resume=saved is not None)
+        return
+    if gen_kind.name in ("masked", "ar"):
+        fit_args = {"checkpoint_every": checkpoint_every} if checkpoint_every else {}
+        gen = _fit_token(gen_kind, traces, output, options, start, init, resume=saved is not None, **fit_args)
+        what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
+    else:
+        gen = make_generator(gen_kind.config(options)).fit(traces)
+        what = f"{gen.n_params:,} table entries"
+    gen.save(output)
+    origin = f", started from {init}" if start is not None else ""
+    origin += ", resumed" if saved is not None else ""
+    console.print(f"{output}: {gen.name} fitted on {sum(len(t) for t in traces):,} events{origin}, {what}")
 
+
+def _fit_kind(ctx: typer.Context, kind: str, output: Path, init: Path | None, resume: bool, conditional: bool):
+    """(the model --init starts from, the kind -o holds to --resume, the kind to fit), checked against the options."""
     start = load_generator(init) if init is not None else None
     saved = saved_kind(output) if resume and _holds_model(output) else None
     if saved is not None and start is not None:
@@ -104,14 +125,27 @@ def fit(
     if start is not None and gen_kind.name not in ("masked", "ar"):
         raise TraceSynthError(f"--init applies to masked and ar models, not a {kind} one"
                               + (" (use --resume)" if gen_kind.name == "diffusion" else ""))
-    _check_output(output, gen_kind)  # before the training, not after it
-    defaults = _DEFAULTS.get(gen_kind.name, _DEFAULTS["other"])  # for the size and optimiser options not given
-    opts = {"context": context, "channels": channels, "steps": steps, "time_limit": time_limit,
-            "batch_size": batch_size, "patch": patch, "stride": stride, "d_model": d_model, "layers": layers,
-            "lr": lr, "checkpoint_every": checkpoint_every, "seed": seed, "device": device,
-            "conditional": conditional, "order": order}
-    opts.update({k: defaults[k] for k in defaults if opts[k] is None})
-    _set_threads(threads)
+    return start, saved, gen_kind
+
+
+# fit's options that set a config field of another name
+_FIELDS = {"layers": "n_layers"}
+# option values that mean "not given": a --time-limit, --patch or --stride of 0 is "none", as the config's default
+_UNSET = {"time_limit": 0, "patch": 0, "stride": 0, "conditional": False}
+
+
+def _config_options(gen_kind, params: dict) -> dict:
+    """The config fields fit's options set (`params`: the command's parameters): the options given that are fields
+    of the kind's config; one not given takes the config class's default. An option of another kind is ignored."""
+    names = {f.name for f in fields(gen_kind.config_cls())}
+    given = {_FIELDS.get(k, k): v for k, v in params.items() if v is not None and not (k in _UNSET and v == _UNSET[k])}
+    return {k: v for k, v in given.items() if k in names}
+
+
+def _read_traces(data: list[Path], anonymize: bool, salt: str | None) -> list:
+    """The traces to fit, each anonymised (with one salt for all) with --anonymize."""
+    from tracesynth.io import read_trace
+
     traces = [read_trace(p) for p in data]
     if anonymize:
         from tracesynth.anonymize import anonymize as anonymize_trace
@@ -121,19 +155,7 @@ def fit(
             raise TraceSynthError("--anonymize under torchrun needs --salt (every process must hash alike)")
         key = salt_or_random(salt)  # one salt for all traces: the same program gets the same label in each
         traces = [anonymize_trace(t, key) for t in traces]
-    if gen_kind.name == "diffusion":
-        _fit_diffusion(traces, output, opts, resume=saved is not None)
-        return
-    if gen_kind.name in ("masked", "ar"):
-        gen = _fit_token(ctx, gen_kind.name, traces, output, opts, start, init, resume=saved is not None)
-        what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
-    else:
-        gen = make_generator({"kind": kind, "order": order}).fit(traces)
-        what = f"{gen.n_params:,} table entries"
-    gen.save(output)
-    origin = f", started from {init}" if start is not None else ""
-    origin += ", resumed" if saved is not None else ""
-    console.print(f"{output}: {gen.name} fitted on {sum(len(t) for t in traces):,} events{origin}, {what}")
+    return traces
 
 
 def _holds_model(output: Path) -> bool:
@@ -151,70 +173,43 @@ def _check_output(output: Path, gen_kind) -> None:
         above = above.parent
     if not above.is_dir():
         raise atomicio.OutputPathError(above, "is not a directory; the model cannot be written under it")
-    contents = getattr(gen_kind.cls(), "contents", None) or _CONTENTS.get(gen_kind.name)
+    contents = getattr(gen_kind.cls(), "contents", None)  # what the kind's save() writes
     atomicio._check_replaceable(output, True, contents)  # the very check atomic_path makes when it saves
 
 
-# what a model directory of a kind without a `contents` attribute holds (atomic_path's `contents`)
-_CONTENTS = {"markov": ("config.json", "tables.safetensors")}
-
-
-def _fit_token(ctx: typer.Context, kind: str, traces: list, output: Path, opts: dict, start, init: Path | None,
-               resume: bool):
+def _fit_token(gen_kind, traces: list, output: Path, options: dict, start, init: Path | None, resume: bool,
+               **fit_args):
     """Fit (or, with `resume`, continue fitting) a masked or ar model, checkpointing into `output`."""
     if resume:
+        asked = gen_kind.config(options)  # the options given, the others the kind's defaults
         gen = load_generator(output)
         done = gen.history.get("steps") or 0
-        if done >= opts["steps"]:
+        if done >= asked.steps:
             raise TraceSynthError(f"already trained for {done} steps; ask for more with --steps", output)
-        gen.config.steps, gen.config.device = opts["steps"], opts["device"]
-        gen.config.time_limit = opts["time_limit"] or None
+        gen.config.steps, gen.config.device, gen.config.time_limit = asked.steps, asked.device, asked.time_limit
         console.print(f"resuming {output} at step {done}")
-        cfg = {"steps": opts["steps"], "time_limit": gen.config.time_limit}
+    elif start is not None:
+        gen = make_generator(gen_kind.config(_init_config(start, gen_kind, options, init)))
     else:
-        cfg = {"context": opts["context"], "steps": opts["steps"], "time_limit": opts["time_limit"] or None,
-               "lr": opts["lr"], "d_model": opts["d_model"], "n_layers": opts["layers"],
-               "batch_size": opts["batch_size"], "seed": opts["seed"], "conditional": opts["conditional"],
-               "device": opts["device"], "channels": opts["channels"]}
-        if start is not None:
-            cfg = _init_config(ctx, start, kind, cfg, init)
-        gen = make_generator({"kind": kind, "config": cfg})
-    _fit_with_progress(gen, traces, start, cfg, checkpoint_dir=output, checkpoint_every=opts["checkpoint_every"],
-                       resume=resume)
+        gen = make_generator(gen_kind.config(options))
+    _fit_with_progress(gen, traces, start, checkpoint_dir=output, resume=resume, **fit_args)
     return gen
 
 
-def _fit_diffusion(traces: list, output: Path, opts: dict, resume: bool) -> None:
-    from tracesynth.diffusion import TraceSynth, TraceSynthConfig
-    from tracesynth.diffusion.synth import is_main_process
+def _fit_diffusion(gen_kind, traces: list, output: Path, options: dict, resume: bool) -> None:
+    from tracesynth.generators.diffusion.gaussian import is_main_process
 
     if resume:
-        synth = TraceSynth.load(output)
-        if synth.step >= opts["steps"]:
+        asked = gen_kind.config(options)
+        synth = load_generator(output)
+        if synth.step >= asked.steps:
             raise TraceSynthError(f"already trained for {synth.step} steps; ask for more with --steps", output)
-        synth.config.steps = opts["steps"]
-        synth.config.device = opts["device"]
-        synth.config.time_limit = opts["time_limit"]
-        synth.config.checkpoint_every = opts["checkpoint_every"]
+        for key in ("steps", "device", "time_limit", "checkpoint_every"):
+            setattr(synth.config, key, getattr(asked, key))
         if is_main_process():
             console.print(f"resuming {output} at step {synth.step}")
     else:
-        cfg = TraceSynthConfig(
-            context=opts["context"],
-            channels=opts["channels"],
-            steps=opts["steps"],
-            time_limit=opts["time_limit"],
-            batch_size=opts["batch_size"],
-            patch=opts["patch"] or None,
-            stride=opts["stride"] or None,
-            d_model=opts["d_model"],
-            n_layers=opts["layers"],
-            lr=opts["lr"],
-            checkpoint_every=opts["checkpoint_every"],
-            seed=opts["seed"],
-            device=opts["device"],
-        )
-        synth = TraceSynth(cfg)
+        synth = make_generator(gen_kind.config(options))
     synth.fit(traces, checkpoint_dir=output, progress=True)
     if is_main_process():
         h = synth.history
@@ -225,23 +220,15 @@ def _fit_diffusion(traces: list, output: Path, opts: dict, resume: bool) -> None
         )
 
 
-# the network and optimiser of a fit where the option is not given: ar's are the shipped checkpoint's recipe
-# (scripts/train_models.py), the other kinds' those they were measured with (docs/tracesynth-results.md)
-_DEFAULTS = {
-    "ar": {"context": 256, "batch_size": 32, "d_model": 128, "lr": 1e-3},
-    "other": {"context": 1024, "batch_size": 8, "d_model": 64, "lr": 3e-3},
-}
-
-
-def _fit_with_progress(gen, traces: list, start, cfg: dict, **fit_args) -> None:
+def _fit_with_progress(gen, traces: list, start, **fit_args) -> None:
     """Fit a token model with a progress bar: steps done of `steps`, loss, time (and its limit)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    limit = f" (limit {cfg['time_limit']:g} s)" if cfg.get("time_limit") else ""
+    limit = f" (limit {gen.config.time_limit:g} s)" if gen.config.time_limit else ""
     columns = (TextColumn("[bold]fit[/]"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TextColumn(limit))  # fmt: skip
     with Progress(*columns, console=console) as bar:
-        task = bar.add_task("fit", total=cfg["steps"], loss=float("nan"))
+        task = bar.add_task("fit", total=gen.config.steps, loss=float("nan"))
         gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start,
                 **fit_args)
 
@@ -252,23 +239,27 @@ def _given(ctx: typer.Context, param: str) -> bool:
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
-# fit's options that size the network, and the config field each sets
-_SIZE_OPTIONS = {"context": "context", "d_model": "d_model", "layers": "n_layers", "channels": "channels"}
+# the config fields that size the network, and the option that sets each
+_SIZE_OPTIONS = {"context": "context", "d_model": "d_model", "n_layers": "layers", "channels": "channels"}
 
 
-def _init_config(ctx: typer.Context, start, kind: str, asked: dict, init: Path) -> dict:
+_TRAINING = ("steps", "time_limit", "seed", "conditional", "device")  # a fit from --init takes these as asked
+
+
+def _init_config(start, gen_kind, options: dict, init: Path) -> dict:
     """The config of a fit that starts from the fitted model `start`: its network size (a size option given
     that differs is an error), its sampler settings, and the training settings asked for (learning rate and
     batch size: the start's unless given)."""
-    if start.name != kind:
+    if start.name != gen_kind.name:
         raise TraceSynthError(f"--init is a {start.name} model: fit it with --kind {start.name}", init)
     cfg = asdict(start.config)
-    for param, key in _SIZE_OPTIONS.items():
-        if _given(ctx, param) and asked[key] != cfg[key]:
-            raise TraceSynthError(f"--{param.replace('_', '-')} {asked[key]}: the network is the size of --init's "
+    for key, param in _SIZE_OPTIONS.items():
+        if key in options and options[key] != cfg[key]:
+            raise TraceSynthError(f"--{param.replace('_', '-')} {options[key]}: the network is the size of --init's "
                                   f"({key} {cfg[key]}); drop the option", init)  # fmt: skip
-    cfg.update({k: asked[k] for k in ("steps", "time_limit", "seed", "conditional", "device")})
-    cfg.update({k: asked[k] for k, param in (("lr", "lr"), ("batch_size", "batch_size")) if _given(ctx, param)})
+    asked = gen_kind.config({k: v for k, v in options.items() if k in _TRAINING})  # the others: the kind's defaults
+    cfg.update({k: getattr(asked, k) for k in _TRAINING})
+    cfg.update({k: options[k] for k in ("lr", "batch_size") if k in options})
     return cfg
 
 

@@ -4,9 +4,9 @@ Each function takes prepared real data (a time split per workload) and generator
 returns flat rows (one dict per measurement) that the pipeline writes to CSV / Markdown. Only the
 data differs between regimes: same classifier, same optimisation-step budget, several seeds.
 
-Generator specs are small dicts (from the JSON config), built by tracesynth.generator.make_generator:
+Generator specs are small dicts (from the JSON config), built by tracesynth.generators.make_generator:
     {"kind": "markov", "order": 4}
-    {"kind": "diffusion", "config": {...TraceSynthConfig fields...}}
+    {"kind": "diffusion", "config": {...GaussianDiffusionConfig fields...}}
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tracesynth.evaluate import metrics
 from tracesynth.evaluate.classifier import ClassifierConfig
 from tracesynth.evaluate.tasks import next_event_scores, same_phase_discriminator, workload_id_scores
 from tracesynth.evaluate.windows import Split, Vocab, Windows, dedup, make_windows, recent, subsample
-from tracesynth.generator import load_generator, make_generator
+from tracesynth.generators import load_generator, make_generator
 from tracesynth.trace import Trace
 
 REGIMES = ("real", "half_real", "mix_unrepaired", "mix_repaired", "synthetic_only")

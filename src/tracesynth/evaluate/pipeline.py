@@ -33,7 +33,7 @@ from tracesynth.evaluate import experiments as ex
 from tracesynth.evaluate.classifier import ClassifierConfig
 from tracesynth.evaluate.plots import plot_data
 from tracesynth.evaluate.windows import Vocab, split_trace
-from tracesynth.generator import make_generator, saved_kind
+from tracesynth.generators import make_generator, saved_kind
 from tracesynth.jsonable import jsonable
 from tracesynth.report import SWEEP_VALUES, results_markdown, write_report
 from tracesynth.tables import cell, columns

@@ -1,7 +1,7 @@
 """Autoregressive (causal) transformer over the trace channels: the plain peer of masked diffusion.
 
 The tokens, chained sampling, decoding and storage are those of every token generator
-(`tracesynth.tokenmodel`); so is the transformer body, run here with a causal mask. The input at
+(`tracesynth.generators.tokens`); so is the transformer body, run here with a causal mask. The input at
 position p is event p-1 (a learned start vector at p = 0), and the hidden state there predicts
 event p one channel at a time, in `ORDER`: each channel's head also sees the embeddings of the
 channels of the same event already drawn, so an event's CPU, thread, type and return value are
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tracesynth.generators.tokens import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 from tracesynth.guide import GUIDES, KernelGuide
-from tracesynth.tokenmodel import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 
 FORMAT = "tracesynth-ar-2"  # -1 drew the event type first
 ORDER = ("cpu", "tid", "event", "comm", "ret", "dt")  # the order an event's channels are drawn in
@@ -32,10 +32,18 @@ assert sorted(ORDER) == sorted(CHANNELS)
 
 @dataclass
 class ARConfig(TokenConfig):
+    # the shipped checkpoint's recipe (scripts/train_models.py, models/all)
+    context: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    batch_size: int = 32
+    lr: float = 1e-3
+    steps: int = 1000
     # sampling: "kernel" masks draws with the kernel invariants, "none" does not; None: kernel where the model
     # has the cpu and thread channels the guide reads (channels=6), else none
     guide: str | None = None
 
+    kind: ClassVar[str] = "ar"
     what: ClassVar[str] = "autoregressive model"
 
     def __post_init__(self) -> None:

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +41,7 @@ from tracesynth.trace import Trace
 from tracesynth.vocab import Vocab
 
 _MAX_SAMPLES = 512  # empirical values kept per key (dt per transition, ret per type): bounds the model size
+TABLES = "tables.safetensors"  # the tables file of a saved chain (beside config.json)
 
 
 def _subsample(keys: np.ndarray, values: np.ndarray, cap: int, rng: np.random.Generator) -> tuple:
@@ -69,12 +71,22 @@ def _draw_grouped(
     return out, found
 
 
+@dataclass(frozen=True)
+class MarkovConfig:
+    """The chain's one option (`tracesynth fit --kind markov` and a pipeline config's {"kind": "markov"})."""
+
+    order: int = 4  # events of context
+
+    kind: ClassVar[str] = "markov"
+
+
 class MarkovChain:
     """Order-k Markov chain over event types with empirical dt per transition (Generator protocol)."""
 
     name = "markov"
+    contents = ("config.json", TABLES)  # what save() writes
 
-    def __init__(self, order: int = 4):
+    def __init__(self, order: int = MarkovConfig.order):
         if order < 1:
             raise TraceSynthError(f"Markov order must be >= 1, got {order}")
         self.order = int(order)
@@ -421,11 +433,11 @@ class MarkovChain:
         if not self._fitted:
             raise TraceSynthError("Markov chain: save() before fit()")
         directory = Path(directory)
-        with atomic_path(directory, directory=True, contents=("config.json", "tables.safetensors")) as tmp:
+        with atomic_path(directory, directory=True, contents=self.contents) as tmp:
             meta = {"kind": "markov", "order": self.order, "vocab": self.vocab, "comms": self.comms,
                     "kernel": vars(self.kernel) if self.kernel is not None else None}
             (tmp / "config.json").write_text(json.dumps(meta, indent=1))
-            save_file(self._arrays(), str(tmp / "tables.safetensors"))
+            save_file(self._arrays(), str(tmp / TABLES))
         return directory
 
     @classmethod
@@ -433,7 +445,7 @@ class MarkovChain:
         directory = Path(directory)
         try:
             meta = json.loads((directory / "config.json").read_text())
-            arrays = load_file(str(directory / "tables.safetensors"))
+            arrays = load_file(str(directory / TABLES))
             if not isinstance(meta, dict) or meta.get("kind") != "markov":
                 raise TraceSynthError("not a saved Markov chain (config.json kind is not 'markov')", directory)
             self = cls(int(meta["order"]))

@@ -1,7 +1,7 @@
 """Masked (absorbing-state) discrete diffusion over the trace channels (MDLM, Sahoo et al. 2024).
 
 The tokens, chained sampling, decoding and storage are those of every token generator
-(`tracesynth.tokenmodel`). Training masks each token independently with a rate t ~ U(0, 1) per
+(`tracesynth.generators.tokens`). Training masks each token independently with a rate t ~ U(0, 1) per
 window and a bidirectional transformer predicts the clean tokens (cross-entropy on the masked ones).
 Sampling starts from an all-masked window and unmasks the predictions in a random order (the
 reverse of the masking process; or the most confident first, `unmask="confidence"`; or the earliest
@@ -18,8 +18,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from tracesynth.generators.tokens import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 from tracesynth.guide import KernelGuide
-from tracesynth.tokenmodel import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
 
 FORMAT = "tracesynth-masked-1"
 UNMASK = ("random", "confidence", "left")
@@ -27,11 +27,19 @@ UNMASK = ("random", "confidence", "left")
 
 @dataclass
 class MaskedConfig(TokenConfig):
+    # the diffusion model's size and optimiser (GaussianDiffusionConfig), what `tracesynth fit --kind masked` trains
+    context: int = 1024
+    d_model: int = 64
+    n_layers: int = 2
+    batch_size: int = 8
+    lr: float = 3e-3
+    steps: int = 1000
     sample_steps: int = 64
     # which masked tokens a step reveals: "random" (MDLM's reverse process), "confidence" (the most confident
     # first) or "left" (the earliest events first, event type before the other channels: semi-autoregressive)
     unmask: str = "random"
 
+    kind: ClassVar[str] = "masked"
     what: ClassVar[str] = "masked diffusion"
 
     def _checks(self) -> dict[str, bool]:

@@ -1,11 +1,13 @@
 """The interface every generator (the diffusion model and each baseline) implements, and the one
-registry that maps a kind ("diffusion", "masked", "ar", "markov", "sdv_par") to its class.
+registry that maps a kind ("diffusion", "masked", "ar", "markov", "sdv_par") to its config dataclass (the
+one place of the kind's defaults) and its class.
 
 Configs, the CLI and the evaluation harness build and load generators only through `make_generator`
 and `load_generator`, and read them only through the Generator protocol, so the harness scores every
 generator the same way and a new one is one entry in `KINDS`.
 
     gen = make_generator({"kind": "markov", "order": 4}).fit([trace])
+    gen = make_generator(get_kind("masked").config({"steps": 500}))  # = {"kind": "masked", "config": {"steps": 500}}
     synthetic = gen.sample(10_000, seed=0)        # sampling only; repair is tracesynth.constraints.repair_trace
 """
 
@@ -57,17 +59,31 @@ class Generator(Protocol):
 class Kind:
     """One registered generator kind.
 
-    `build` makes an unfitted generator from a config spec; `cls` imports and returns its class
-    (None where a kind cannot be saved, so has nothing to load); a saved directory is recognised
-    by `config.json[marker[0]] == marker[1]`; `sample_options` are the keyword options its
-    sample() takes beyond (n_events, seed).
+    `config_cls` imports and returns its config dataclass, the one place of its defaults (None for sdv_par,
+    whose options are PARBaseline's arguments); `parse` reads a config spec's options into that config;
+    `build` makes an unfitted generator from it; `cls` imports and returns the generator's class (None where
+    a kind cannot be saved, so has nothing to load); a saved directory is recognised by
+    `config.json[marker[0]] == marker[1]`; `sample_options` are the keyword options its sample() takes
+    beyond (n_events, seed).
     """
 
     name: str
-    build: Callable[[Mapping[str, Any]], Generator]
+    config_cls: Callable[[], type] | None
+    parse: Callable[[Mapping[str, Any]], Any]
+    build: Callable[[Any], Generator]
     cls: Callable[[], type] | None
     marker: tuple[str, str] | None
     sample_options: tuple[str, ...] = ()
+
+    def config(self, options: Mapping[str, Any]) -> Any:
+        """The kind's config from `options` (some of its fields, by name; the others take its defaults)."""
+        if self.config_cls is None:
+            raise TraceSynthError(f"a {self.name} generator has no config class")
+        cls = self.config_cls()
+        try:
+            return cls(**dict(options))
+        except TypeError as exc:
+            raise TraceSynthError(f"{getattr(cls, 'what', self.name)} config: {exc}") from None
 
     def load(self, directory: str | Path) -> Generator:
         if self.cls is None:
@@ -75,76 +91,84 @@ class Kind:
         return self.cls().load(directory)
 
 
-# Imports inside the builders keep `import tracesynth.generator` light (torch only for diffusion).
+# Imports inside the functions keep `import tracesynth.generators` light (torch only where a kind is used).
 def _markov_cls() -> type:
-    from tracesynth.baselines.markov import MarkovChain
+    from tracesynth.generators.markov import MarkovChain
 
     return MarkovChain
 
 
-def _diffusion_cls() -> type:
-    from tracesynth.diffusion.synth import TraceSynth
+def _markov_config() -> type:
+    from tracesynth.generators.markov import MarkovConfig
 
-    return TraceSynth
+    return MarkovConfig
+
+
+def _diffusion_cls() -> type:
+    from tracesynth.generators.diffusion.gaussian import GaussianDiffusion
+
+    return GaussianDiffusion
+
+
+def _diffusion_config() -> type:
+    from tracesynth.generators.diffusion.config import GaussianDiffusionConfig
+
+    return GaussianDiffusionConfig
 
 
 def _masked_cls() -> type:
-    from tracesynth.masked import MaskedDiffusion
+    from tracesynth.generators.masked import MaskedDiffusion
 
     return MaskedDiffusion
 
 
 def _ar_cls() -> type:
-    from tracesynth.autoregressive import Autoregressive
+    from tracesynth.generators.ar import Autoregressive
 
     return Autoregressive
 
 
-def _token_builder(cls: Callable[[], type]) -> Callable[[Mapping[str, Any]], Generator]:
-    """The builder of a token generator (tracesynth.tokenmodel) from {"config": {...its config's fields}}."""
-
-    def build(spec: Mapping[str, Any]) -> Generator:
-        gen_cls = cls()
-        try:
-            cfg = gen_cls.config_cls(**dict(spec.get("config", {})))
-        except TypeError as exc:
-            raise TraceSynthError(f"{gen_cls.config_cls.what} config: {exc}") from None
-        return gen_cls(cfg)
-
-    return build
+def _config_of(cls: Callable[[], type]) -> Callable[[], type]:
+    """The config class of the token generator class `cls` imports (its `config_cls`)."""
+    return lambda: cls().config_cls
 
 
-def _markov(spec: Mapping[str, Any]) -> Generator:
-    return _markov_cls()(int(spec.get("order", 4)))
+def _nested(name: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A spec's parser for a kind whose options sit under "config": {"kind": ..., "config": {...fields}}."""
+    return lambda spec: get_kind(name).config(spec.get("config", {}))
 
 
-def _diffusion(spec: Mapping[str, Any]) -> Generator:
-    from tracesynth.diffusion.config import TraceSynthConfig
+def _diffusion_parse(spec: Mapping[str, Any]) -> Any:
+    # from_json: a saved model's config.json is read the same way (a field it does not know is left out)
+    return _diffusion_config().from_json(dict(spec.get("config", {})))
 
-    return _diffusion_cls()(TraceSynthConfig.from_json(dict(spec.get("config", {}))))
+
+def _markov_parse(spec: Mapping[str, Any]) -> Any:
+    return _markov_config()(**{k: int(spec[k]) for k in ("order",) if k in spec})
 
 
-def _sdv_par(spec: Mapping[str, Any]) -> Generator:
-    from tracesynth.baselines.sdv_par import PARBaseline  # raises "pip install sdv" where SDV is absent
+def _sdv_par_parse(spec: Mapping[str, Any]) -> dict[str, int]:
+    return {k: int(spec[k]) for k in ("seq_len", "max_sequences", "epochs") if k in spec}
 
-    return PARBaseline(**{k: int(spec[k]) for k in ("seq_len", "max_sequences", "epochs") if k in spec})
+
+def _sdv_par(options: Mapping[str, int]) -> Generator:
+    from tracesynth.generators.sdv_par import PARBaseline  # raises "pip install sdv" where SDV is absent
+
+    return PARBaseline(**options)
 
 
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind(
-            "diffusion",
-            _diffusion,
-            _diffusion_cls,
-            ("format", "tracesynth-diffusion"),
-            ("sampler", "sampling_steps", "device", "progress"),
-        ),
-        Kind("masked", _token_builder(_masked_cls), _masked_cls, ("format", "tracesynth-masked-1"),
-             ("workload", "progress")),
-        Kind("ar", _token_builder(_ar_cls), _ar_cls, ("format", "tracesynth-ar-2"), ("workload", "guide", "progress")),
-        Kind("markov", _markov, _markov_cls, ("kind", "markov"), ("guide",)),
-        Kind("sdv_par", _sdv_par, None, None),
+        Kind("diffusion", _diffusion_config, _diffusion_parse, lambda cfg: _diffusion_cls()(cfg), _diffusion_cls,
+             ("format", "tracesynth-diffusion"), ("sampler", "sampling_steps", "device", "progress")),
+        Kind("masked", _config_of(_masked_cls), _nested("masked"), lambda cfg: _masked_cls()(cfg), _masked_cls,
+             ("format", "tracesynth-masked-1"), ("workload", "progress")),
+        Kind("ar", _config_of(_ar_cls), _nested("ar"), lambda cfg: _ar_cls()(cfg), _ar_cls,
+             ("format", "tracesynth-ar-2"), ("workload", "guide", "progress")),
+        Kind("markov", _markov_config, _markov_parse, lambda cfg: _markov_cls()(cfg.order), _markov_cls,
+             ("kind", "markov"), ("guide",)),
+        Kind("sdv_par", None, _sdv_par_parse, _sdv_par, None, None),
     )
 }
 
@@ -156,9 +180,17 @@ def get_kind(name: Any) -> Kind:
     return kind
 
 
-def make_generator(spec: Mapping[str, Any]) -> Generator:
-    """A fresh (unfitted) generator from a config spec {"kind": ..., kind's options}."""
-    return get_kind(spec.get("kind")).build(spec)
+def make_generator(spec: Mapping[str, Any] | Any) -> Generator:
+    """A fresh (unfitted) generator, from a config spec {"kind": ..., kind's options} (a pipeline config's
+    generator) or from a kind's config (`get_kind(name).config(options)`, as `tracesynth fit` builds it): the
+    options a spec leaves out take the config class's defaults, so both build the same model."""
+    if isinstance(spec, Mapping):
+        kind = get_kind(spec.get("kind"))
+        return kind.build(kind.parse(spec))
+    kind = KINDS.get(getattr(type(spec), "kind", None))  # a config class names its kind
+    if kind is None or kind.config_cls is None or not isinstance(spec, kind.config_cls()):
+        raise TraceSynthError(f"not a generator config or spec: {type(spec).__name__}")
+    return kind.build(spec)
 
 
 def saved_kind(directory: str | Path) -> Kind:

@@ -34,7 +34,7 @@ def sdv_available() -> str | None:
 
 
 class PARBaseline:
-    """PARSynthesizer behind the fit/sample interface of tracesynth.generator.Generator."""
+    """PARSynthesizer behind the fit/sample interface of tracesynth.generators.Generator."""
 
     name = "sdv_par"
 

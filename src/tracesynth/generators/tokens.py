@@ -1,5 +1,5 @@
-"""What the token generators (masked diffusion, `tracesynth.masked`; autoregressive,
-`tracesynth.autoregressive`) share: the channel tokens, the network body, training, chained
+"""What the token generators (masked diffusion, `tracesynth.generators.masked`; autoregressive,
+`tracesynth.generators.ar`) share: the channel tokens, the network body, training, chained
 sampling, decoding back to a Trace, and storage.
 
 Every channel is a token: event type, cpu, per-window thread label, command, return-value bucket
@@ -52,15 +52,18 @@ TENSOR_FILES = ("model.safetensors", "gaps.safetensors", TRAIN_STATE)
 
 @dataclass
 class TokenConfig:
+    """What the token models' configs share. Each kind's config (`ARConfig`, `MaskedConfig`) sets its own network
+    and optimiser defaults, the ones `tracesynth fit` and a pipeline config's {"kind": ...} both get."""
+
     context: int = 256
     d_model: int = 128
-    n_layers: int = 4
+    n_layers: int = 2
     n_heads: int = 4
     dropout: float = 0.0
     batch_size: int = 32
     lr: float = 1e-3
     warmup: int = 100
-    steps: int = 2000
+    steps: int = 1000
     time_limit: float | None = None  # seconds of training; stops before `steps` when reached
     overlap: int | None = None  # events of the previous window each new window is conditioned on (context // 4)
     chains: int = 8  # independent chains sampled in parallel

@@ -1,14 +1,21 @@
-"""The multi-channel transformer diffusion generator.
+"""The paper's Gaussian diffusion generator: a multi-channel transformer denoising continuous latents.
 
-from tracesynth.diffusion import TraceSynth, TraceSynthConfig
-synth = TraceSynth(TraceSynthConfig(context=1024, channels=6, steps=2000)).fit([trace])
+from tracesynth.generators.diffusion import GaussianDiffusion, GaussianDiffusionConfig
+synth = GaussianDiffusion(GaussianDiffusionConfig(context=1024, channels=6, steps=2000)).fit([trace])
 synth.save("model/")
-TraceSynth.load("model/").sample(100_000, seed=0)
+GaussianDiffusion.load("model/").sample(100_000, seed=0)
 """
 
-from tracesynth.diffusion.config import TraceSynthConfig
-from tracesynth.diffusion.samplers import AncestralSampler, DDIMSampler, make_sampler
-from tracesynth.diffusion.schedule import NoiseSchedule
-from tracesynth.diffusion.synth import TraceSynth
+from tracesynth.generators.diffusion.config import GaussianDiffusionConfig
+from tracesynth.generators.diffusion.gaussian import GaussianDiffusion
+from tracesynth.generators.diffusion.samplers import AncestralSampler, DDIMSampler, make_sampler
+from tracesynth.generators.diffusion.schedule import NoiseSchedule
 
-__all__ = ["AncestralSampler", "DDIMSampler", "NoiseSchedule", "TraceSynth", "TraceSynthConfig", "make_sampler"]
+__all__ = [
+    "AncestralSampler",
+    "DDIMSampler",
+    "GaussianDiffusion",
+    "GaussianDiffusionConfig",
+    "NoiseSchedule",
+    "make_sampler",
+]

@@ -1,10 +1,10 @@
-"""TraceSynthConfig: every number that defines a model, its training and its default sampler."""
+"""GaussianDiffusionConfig: every number that defines a model, its training and its default sampler."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from tracesynth.channels import channels_for
 from tracesynth.errors import TraceSynthError
@@ -29,7 +29,9 @@ _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
 
 
 @dataclass
-class TraceSynthConfig:
+class GaussianDiffusionConfig:
+    kind: ClassVar[str] = "diffusion"  # its generator kind (tracesynth.generators.registry)
+
     # windows and channels
     context: int = 1024  # events per window (L)
     stride: int | None = None  # window stride in events; None = context // 2 (50% overlap)
@@ -136,7 +138,7 @@ class TraceSynthConfig:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TraceSynthConfig:
+    def from_json(cls, data: dict[str, Any]) -> GaussianDiffusionConfig:
         if not isinstance(data, dict):
             raise TraceSynthError(f"the model config must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}

@@ -1,4 +1,4 @@
-"""TraceSynth: the diffusion generator behind fit / sample / save / load (the Generator protocol)."""
+"""GaussianDiffusion: the diffusion generator behind fit / sample / save / load (the Generator protocol)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from safetensors.torch import load_file, save_file
 from atomicio import atomic_path
 from tracesynth.bounds import SampleProgress, check_sample_size
 from tracesynth.channels import ChannelCodec
-from tracesynth.diffusion.config import TraceSynthConfig
-from tracesynth.diffusion.model import TraceDenoiser
-from tracesynth.diffusion.samplers import make_sampler
-from tracesynth.diffusion.schedule import NoiseSchedule
-from tracesynth.diffusion.train import optimizer_from_tensors, optimizer_to_tensors, train
 from tracesynth.divergence import jsd
 from tracesynth.errors import TraceSynthError
+from tracesynth.generators.diffusion.config import GaussianDiffusionConfig
+from tracesynth.generators.diffusion.model import TraceDenoiser
+from tracesynth.generators.diffusion.samplers import make_sampler
+from tracesynth.generators.diffusion.schedule import NoiseSchedule
+from tracesynth.generators.diffusion.train import optimizer_from_tensors, optimizer_to_tensors, train
 from tracesynth.integrity import HASHES, check_shapes, file_hashes, verify_hashes
 from tracesynth.jsonable import jsonable
 from tracesynth.optim import resolve_device, world
@@ -34,18 +34,18 @@ CALIBRATION_TEMPERATURES = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25)
 FILES = ("config.json", "vocab.json", "model.safetensors", "optimizer.safetensors")
 
 
-class TraceSynth:
+class GaussianDiffusion:
     """Multi-channel transformer diffusion model of kernel traces.
 
-    >>> synth = TraceSynth(TraceSynthConfig(context=256, steps=500)).fit([trace])
-    >>> synth.save("model/"); TraceSynth.load("model/").sample(10_000, seed=1)
+    >>> synth = GaussianDiffusion(GaussianDiffusionConfig(context=256, steps=500)).fit([trace])
+    >>> synth.save("model/"); GaussianDiffusion.load("model/").sample(10_000, seed=1)
     """
 
     name = "diffusion"
     contents = FILES  # what save() writes
 
-    def __init__(self, config: TraceSynthConfig | None = None):
-        self.config = config or TraceSynthConfig()
+    def __init__(self, config: GaussianDiffusionConfig | None = None):
+        self.config = config or GaussianDiffusionConfig()
         self.codec: ChannelCodec | None = None
         self.model: TraceDenoiser | None = None
         self.step = 0
@@ -80,7 +80,7 @@ class TraceSynth:
     # -- Generator protocol -------------------------------------------------------------------
     def fit(
         self, traces: Sequence[Trace], checkpoint_dir: str | Path | None = None, progress: bool = False
-    ) -> TraceSynth:
+    ) -> GaussianDiffusion:
         """Learn from real traces. A loaded model with training state continues from its step.
 
         With `checkpoint_dir`, rank 0 writes the model there every `checkpoint_every` steps and at the end.
@@ -166,7 +166,7 @@ class TraceSynth:
         has run a few seconds; n_events that would not fit in memory is refused before any work.
         """
         if self.model is None or self.codec is None:
-            raise TraceSynthError("the model is not fitted (call fit() or TraceSynth.load())")
+            raise TraceSynthError("the model is not fitted (call fit() or GaussianDiffusion.load())")
         if n_events < 0:
             raise TraceSynthError(f"n_events must be non-negative, got {n_events}")
         if n_events:
@@ -286,7 +286,7 @@ class TraceSynth:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> TraceSynth:
+    def load(cls, directory: str | Path) -> GaussianDiffusion:
         """Read a model written by save(); any problem is one TraceSynthError naming the directory."""
         directory = Path(directory)
         if not directory.is_dir():
@@ -299,7 +299,7 @@ class TraceSynth:
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise TraceSynthError(f"config.json is not a {FORMAT} model", directory)
             verify_hashes(directory, meta)
-            cfg = TraceSynthConfig.from_json(meta["config"])
+            cfg = GaussianDiffusionConfig.from_json(meta["config"])
             step = meta.get("step", 0)
             if not isinstance(step, int) or isinstance(step, bool) or step < 0:
                 raise TraceSynthError(f"step must be a non-negative integer, got {step!r}")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tracesynth.diffusion.config import TraceSynthConfig
+from tracesynth.generators.diffusion.config import GaussianDiffusionConfig
 
 
 class SelfAttention(nn.Module):
@@ -64,7 +64,7 @@ def _to_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 class TraceDenoiser(nn.Module):
-    def __init__(self, cfg: TraceSynthConfig, vocab_sizes: dict[str, int]):
+    def __init__(self, cfg: GaussianDiffusionConfig, vocab_sizes: dict[str, int]):
         super().__init__()
         self.cfg = cfg
         self.channels = cfg.channel_names

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from tracesynth.diffusion.schedule import NoiseSchedule
+from tracesynth.generators.diffusion.schedule import NoiseSchedule
 
 X0Fn = Callable[[torch.Tensor], torch.Tensor] | None
 

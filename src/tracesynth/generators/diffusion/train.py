@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
 
-from tracesynth.diffusion.config import TraceSynthConfig
-from tracesynth.diffusion.model import TraceDenoiser
-from tracesynth.diffusion.schedule import NoiseSchedule
+from tracesynth.generators.diffusion.config import GaussianDiffusionConfig
+from tracesynth.generators.diffusion.model import TraceDenoiser
+from tracesynth.generators.diffusion.schedule import NoiseSchedule
 from tracesynth.optim import warmup_cosine, world
 
 Windows = dict[str, np.ndarray]
@@ -77,7 +77,7 @@ class DiffusionLoss(nn.Module):
         return loss_main + self.aux_weight * aux, loss_main.detach()
 
 
-def lr_at(step: int, cfg: TraceSynthConfig, elapsed: float = 0.0) -> float:
+def lr_at(step: int, cfg: GaussianDiffusionConfig, elapsed: float = 0.0) -> float:
     """The diffusion model's learning rate at `step` (`elapsed` seconds in): `warmup_cosine` over its config."""
     return warmup_cosine(cfg.lr, step, cfg.warmup, cfg.steps, cfg.time_limit or None, elapsed)
 
@@ -87,7 +87,7 @@ def to_device(w: Windows, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def evaluate(loss_mod: DiffusionLoss, val: dict[str, torch.Tensor], cfg: TraceSynthConfig, device) -> float:
+def evaluate(loss_mod: DiffusionLoss, val: dict[str, torch.Tensor], cfg: GaussianDiffusionConfig, device) -> float:
     """Mean loss on up to 64 validation windows with fixed noise (comparable across steps)."""
     n = min(64, len(val["event"]))
     if n == 0:
@@ -107,7 +107,7 @@ def evaluate(loss_mod: DiffusionLoss, val: dict[str, torch.Tensor], cfg: TraceSy
 
 def train(
     model: TraceDenoiser,
-    cfg: TraceSynthConfig,
+    cfg: GaussianDiffusionConfig,
     train_w: Windows,
     val_w: Windows,
     device: torch.device,
