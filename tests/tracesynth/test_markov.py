@@ -3,6 +3,7 @@ and with guide="kernel" keeps the kernel invariants."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,27 @@ def test_same_seed_same_trace_and_save_load(tmp_path) -> None:
     assert not list((tmp_path / "m").glob("*.pkl"))
     m2 = MarkovChain.load(tmp_path / "m")
     assert m2.sample(300, seed=5) == a
+
+
+def test_saved_tables_carry_a_sha256_that_load_checks(tmp_path: Path) -> None:
+    """As the token and diffusion models: config.json vouches for the tables file; a damaged one is one line
+    naming it, and a chain saved before the hashes (none in config.json) still loads."""
+    m = MarkovChain(order=2).fit([cycle_trace()])
+    m.save(tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert set(meta["sha256"]) == {"tables.safetensors"}
+    tables = tmp_path / "m" / "tables.safetensors"
+    good = tables.read_bytes()
+    tables.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one bit: still a readable safetensors file
+    with pytest.raises(TraceSynthError, match="tables.safetensors: sha256 mismatch"):
+        MarkovChain.load(tmp_path / "m")
+    tables.unlink()
+    with pytest.raises(TraceSynthError, match="tables.safetensors: missing"):
+        MarkovChain.load(tmp_path / "m")
+    tables.write_bytes(good)
+    del meta["sha256"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(meta))
+    assert MarkovChain.load(tmp_path / "m").sample(50, seed=1) == m.sample(50, seed=1)
 
 
 def test_threads_relabelled_and_ret_sampled() -> None:

@@ -18,7 +18,7 @@ free CPU and a thread current nowhere). Only where no CPU can take it is the eve
 Markov context with the forbidden events masked out. The default `guide="none"` is the plain chain a user
 would write.
 
-Saved as JSON (config, vocabularies) + safetensors (tables); no pickle.
+Saved as JSON (config, vocabularies, the tables' sha256, checked on load) + safetensors (tables); no pickle.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from safetensors.numpy import load_file, save_file
 from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.events import IDLE_TID
+from tracesynth.integrity import HASHES, file_hashes, verify_hashes
 from tracesynth.trace import Trace
 from tracesynth.vocab import Vocab
 
@@ -436,8 +437,9 @@ class MarkovChain:
         with atomic_path(directory, directory=True, contents=self.contents) as tmp:
             meta = {"kind": "markov", "order": self.order, "vocab": self.vocab, "comms": self.comms,
                     "kernel": vars(self.kernel) if self.kernel is not None else None}
-            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
             save_file(self._arrays(), str(tmp / TABLES))
+            meta[HASHES] = file_hashes(tmp, (TABLES,))
+            (tmp / "config.json").write_text(json.dumps(meta, indent=1))  # last: it vouches for the tables
         return directory
 
     @classmethod
@@ -445,9 +447,10 @@ class MarkovChain:
         directory = Path(directory)
         try:
             meta = json.loads((directory / "config.json").read_text())
-            arrays = load_file(str(directory / TABLES))
             if not isinstance(meta, dict) or meta.get("kind") != "markov":
                 raise TraceSynthError("not a saved Markov chain (config.json kind is not 'markov')", directory)
+            verify_hashes(directory, meta)  # a chain saved before the hashes has none and is not checked
+            arrays = load_file(str(directory / TABLES))
             self = cls(int(meta["order"]))
             self.vocab, self.comms = list(meta["vocab"]), list(meta["comms"])
             if not all(isinstance(v, str) for v in self.vocab + self.comms):
