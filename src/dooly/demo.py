@@ -10,12 +10,14 @@ Each step is the public CLI command, run as a subprocess, so the demo exercises 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
+from dooly.engines._reaper import die_with_parent
 from dooly.errors import DoolyError
 
 SMALL_MODELS = ("smollm2-135m", "smollm2-360m")
@@ -40,7 +42,8 @@ def queueing_rate(db: Path, model: str, max_num_seqs: int = 16) -> float:
 
 def _run(args: list[str], console: Console) -> None:
     console.print(f"[bold]$ dooly {' '.join(args)}[/]")
-    proc = subprocess.run([sys.executable, "-m", "dooly", *args])
+    # a demo killed (even by SIGKILL) takes its step with it; the step's own servers die with the step
+    proc = subprocess.run([sys.executable, "-m", "dooly", *args], preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     if proc.returncode != 0:
         raise DoolyError(f"demo step `dooly {' '.join(args)}` failed (exit {proc.returncode})")
 
