@@ -160,3 +160,125 @@ def test_unknown_decoder_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRACESYNTH_CTF_DECODER", "bogus")
     with pytest.raises(TraceSynthError, match="unknown CTF decoder"):
         read_trace(PERF_CTF)
+
+
+# --- the compiled core (tracesynth.io.ctf.fast) against the generated Python decoder ----------
+SMALL = [pytest.param(PERF_CTF, id="perf-ctf")] + [
+    pytest.param(CTF2 / n / v, marks=needs_shared, id=f"{n}-{v}") for n in TWINS for v in ("ctf1.8", "ctf2")
+]
+
+
+def _decode(monkeypatch: pytest.MonkeyPatch, path: Path, wants: list[Want], core: bool, chunk: int = 1 << 16):
+    from tracesynth.io.ctf import stream
+
+    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 0 if core else 1 << 62)
+    monkeypatch.setattr(stream, "CHUNK", chunk)
+    return decode_trace(path, wants)
+
+
+def _assert_same(x: dict, y: dict) -> None:
+    assert (x["ts"] is None) == (y["ts"] is None)
+    if x["ts"] is not None:
+        assert x["ts"].tolist() == y["ts"].tolist()
+    assert [x["names"][i] for i in x["event"]] == [y["names"][i] for i in y["event"]]
+    for (xv, xok), (yv, yok) in zip([x["cpu"], *x["columns"]], [y["cpu"], *y["columns"]], strict=True):
+        assert xok.tolist() == yok.tolist()
+        assert xv[xok].tolist() == yv[yok].tolist()
+
+
+@pytest.mark.parametrize("trace", SMALL)
+def test_compiled_core_equals_python_decoder(monkeypatch: pytest.MonkeyPatch, trace: Path) -> None:
+    """Every field of every event, with chunks of 7 events (a packet split across chunks, streams
+    muxed chunk by chunk) and of the default size."""
+    pytest.importorskip("numba")
+    wants = _all_fields(trace)
+    ref = _decode(monkeypatch, trace, wants, core=False)
+    for chunk in (7, 1 << 16):
+        _assert_same(_decode(monkeypatch, trace, wants, core=True, chunk=chunk), ref)
+
+
+@needs_shared
+def test_compiled_core_reads_the_wget_trace_like_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compact/extended LTTng event header (a variant), sequences of structs, read_lttng's fields."""
+    pytest.importorskip("numba")
+    from tracesynth.io.ctf import stream
+
+    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 1 << 62)
+    ref = read_trace(WGET)
+    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 0)
+    monkeypatch.setattr(stream, "CHUNK", 1000)
+    got = read_trace(WGET)
+    assert got.table.equals(ref.table)
+
+
+@pytest.mark.parametrize("cut", [60, 1000, 5000])
+def test_damage_found_by_the_core_is_reported_as_python_reports_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cut: int
+) -> None:
+    pytest.importorskip("numba")
+    from tracesynth.io.ctf import stream
+
+    t = _copy(PERF_CTF, tmp_path / "t")
+    s = t / "perf_stream_0"
+    s.write_bytes(s.read_bytes()[:cut])
+    msgs = []
+    for size, chunk in ((1 << 62, 1 << 16), (0, 1 << 16), (0, 7)):  # 7: the core stops after yielding rows
+        monkeypatch.setattr(stream, "FAST_MIN_BYTES", size)
+        monkeypatch.setattr(stream, "CHUNK", chunk)
+        with pytest.raises(TraceSynthError) as exc:
+            list(iter_native_batches(t, []))
+        msgs.append(str(exc.value))
+    assert msgs[0] == msgs[1] == msgs[2]
+
+
+def _outcome(t: Path) -> object:
+    """The error, or the events (sorted: garbage timestamps make a stream go back in time, and
+    such a stream muxes chunk by chunk)."""
+    try:
+        rows = pa.Table.from_batches(list(iter_native_batches(t, [Field("pid"), Field("tid")]))).to_pylist()
+    except TraceSynthError as exc:
+        return str(exc)
+    return sorted(rows, key=repr)
+
+
+@pytest.mark.parametrize("at", [300, 700, 1500, 3000])
+def test_garbage_inside_a_packet_reads_as_python_reads_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, at: int
+) -> None:
+    """Where the core meets what it cannot decode, the Python decoder redoes the packet: the same
+    error, or the same events."""
+    pytest.importorskip("numba")
+    from tracesynth.io.ctf import stream
+
+    t = _copy(PERF_CTF, tmp_path / "t")
+    s = t / "perf_stream_0"
+    data = bytearray(s.read_bytes())
+    data[at : at + 8] = b"\xff" * 8
+    s.write_bytes(bytes(data))
+    got = []
+    for size, chunk in ((1 << 62, 1 << 16), (0, 1 << 16), (0, 7)):
+        monkeypatch.setattr(stream, "FAST_MIN_BYTES", size)
+        monkeypatch.setattr(stream, "CHUNK", chunk)
+        got.append(_outcome(t))
+    assert got[0] == got[1] == got[2]
+
+
+def test_core_stopping_mid_packet_hands_over_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core gives up on a packet after some of its rows went out in a chunk: the Python
+    decoder redoes the packet, those rows skipped, and reads on."""
+    pytest.importorskip("numba")
+    from tracesynth.io.ctf import fast
+
+    wants = _all_fields(PERF_CTF)
+    ref = _decode(monkeypatch, PERF_CTF, wants, core=False)
+    real, calls = fast.run_packet, []
+
+    def flaky(prog, buf, base, lim, p, end, clk, n, out):  # noqa: ANN001, ANN202
+        calls.append(n)
+        if len(calls) == 3:
+            return fast.BAD, p, clk, n
+        return real(prog, buf, base, lim, p, end, clk, n, out)
+
+    monkeypatch.setattr(fast, "run_packet", flaky)
+    _assert_same(_decode(monkeypatch, PERF_CTF, wants, core=True, chunk=50), ref)
+    assert calls[2] == 0 and len(calls) > 3  # it stopped at a chunk start, inside a packet

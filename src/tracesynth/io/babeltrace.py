@@ -1033,20 +1033,25 @@ def iter_ctf_batches(
 
 def _native_batches(
     path: Path, fields: Sequence[Field], on_progress: Callable[[int], None] | None
-) -> list[pa.RecordBatch] | None:
-    """The trace decoded by tracesynth.io.ctf, or None (with a warning) when its metadata uses a
-    layout that decoder does not handle: babeltrace2 then reads it."""
-    from tracesynth.io.ctf import Unsupported, iter_native_batches
+) -> Iterator[pa.RecordBatch] | None:
+    """The trace decoded by tracesynth.io.ctf, batch by batch, or None (with a warning) when its
+    metadata uses a layout that decoder does not handle: babeltrace2 then reads it."""
+    from tracesynth.io.ctf import Unsupported, native_batches
 
     try:
-        batches = list(iter_native_batches(path, fields))
+        batches = native_batches(path, fields)  # metadata and decoders ready: no Unsupported later
     except Unsupported as exc:
         warnings.warn(f"{path}: the native CTF decoder cannot read this trace ({exc}); using babeltrace2", stacklevel=4)
         return None
-    if on_progress is not None:
-        for b in batches:
-            on_progress(b.num_rows)
-    return batches
+    if on_progress is None:
+        return batches
+    return _counted(batches, on_progress)
+
+
+def _counted(batches: Iterator[pa.RecordBatch], on_progress: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+    for b in batches:
+        on_progress(b.num_rows)
+        yield b
 
 
 def empty_batch(fields: Sequence[Field] = ()) -> pa.RecordBatch:

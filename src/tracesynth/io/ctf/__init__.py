@@ -1,5 +1,7 @@
-"""A native CTF reader: CTF 1.8 (TSDL) and CTF 2 (JSON) metadata, data streams decoded by Python
-functions generated per stream and event class, streams muxed into time order as babeltrace2 does.
+"""A native CTF reader: CTF 1.8 (TSDL) and CTF 2 (JSON) metadata, data streams decoded by a
+compiled core (tracesynth.io.ctf.fast, numba) or by Python functions generated per stream and
+event class, streams muxed into time order as babeltrace2 does, chunk by chunk
+(tracesynth.io.ctf.stream), so memory does not grow with the trace beyond its output.
 
     from tracesynth.io.ctf import iter_native_batches, native_ctf_metadata
 
@@ -21,13 +23,23 @@ import numpy as np
 import pyarrow as pa
 
 from tracesynth.errors import TraceSynthError
-from tracesynth.io.ctf.compile import CtfDecodeError, Unsupported
+from tracesynth.io.ctf import fast, stream
+from tracesynth.io.ctf.compile import Unsupported
 from tracesynth.io.ctf.ctf2 import is_ctf2, parse_ctf2
-from tracesynth.io.ctf.decode import StreamData, Want, compile_stream, decode_file, member_names
+from tracesynth.io.ctf.decode import StreamData, Want, compile_stream, member_names
 from tracesynth.io.ctf.model import Clock, TraceClass
+from tracesynth.io.ctf.stream import StreamFile, mux
 from tracesynth.io.ctf.tsdl import TsdlError, depacketize, parse_tsdl
 
-__all__ = ["Unsupported", "Want", "decode_trace", "iter_native_batches", "load_metadata", "native_ctf_metadata"]
+__all__ = [
+    "Unsupported",
+    "Want",
+    "decode_trace",
+    "iter_native_batches",
+    "load_metadata",
+    "native_batches",
+    "native_ctf_metadata",
+]
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 
@@ -128,28 +140,53 @@ def _put(vals: np.ndarray, valid: np.ndarray, rows: np.ndarray, got: np.ndarray)
         valid[rows] = True
 
 
-def _decode_dir(trace_dir: Path, wants: list[Want], rank0: int) -> list[tuple[tuple, StreamData, TraceClass]]:
-    tc = load_metadata(trace_dir)
-    try:
-        decoders = {sid: compile_stream(tc, sc, wants) for sid, sc in tc.streams.items()}
-    except RecursionError:
-        raise TraceSynthError("bad CTF metadata: field classes nested too deeply", trace_dir / "metadata") from None
-    out = []
-    for k, f in enumerate(_stream_files(trace_dir)):
+def _to_ns(sf: StreamFile, raw: np.ndarray) -> np.ndarray | None:
+    dec = sf.decoder or next(iter(sf.decoders.values()))
+    sc = dec.sc
+    return _ns(sf.tc.clocks.get(sc.clock) if sc.clock else None, raw)
+
+
+def _open_streams(path: Path, wants: list[Want], words: list[dict[bytes, int]]) -> list[StreamFile]:
+    """The stream files of the CTF trace(s) under `path`, their decoders compiled (TraceSynthError
+    for bad metadata, Unsupported for a layout no decoder here handles)."""
+    from tracesynth.io import find_ctf_metadata
+
+    if not path.exists():
+        raise TraceSynthError("no such file or directory", path)
+    dirs = [m.parent for m in find_ctf_metadata(path)] if path.is_dir() else []
+    if not dirs:
+        raise TraceSynthError("directory holds no CTF trace (no 'metadata' file found)", path)
+    found = []
+    for i, d in enumerate(dirs):
+        tc = load_metadata(d)
         try:
-            data = f.read_bytes()
-        except OSError as exc:
-            raise TraceSynthError(f"cannot read ({exc.strerror})", f) from None
-        if not data:
-            continue
+            decoders = {sid: compile_stream(tc, sc, wants) for sid, sc in tc.streams.items()}
+        except RecursionError:
+            raise TraceSynthError("bad CTF metadata: field classes nested too deeply", d / "metadata") from None
+        for k, f in enumerate(_stream_files(d)):
+            try:
+                size = f.stat().st_size
+            except OSError as exc:
+                raise TraceSynthError(f"cannot read ({exc.strerror})", f) from None
+            if size:
+                found.append((i, k, f, size, tc, decoders))
+    # the compiled core where the trace is big enough to repay loading it
+    big = sum(x[3] for x in found) >= stream.FAST_MIN_BYTES and fast.kernels() is not None
+    programs: dict[int, dict[int, fast.Program | None]] = {}
+    for i, _, _, _, tc, decoders in found:
+        if i not in programs:
+            programs[i] = _programs(tc, decoders, wants) if big else {}
+    return [StreamFile(f, (i, k), tc, dec, programs[i], wants, words) for i, k, f, _, tc, dec in found]
+
+
+def _programs(tc: TraceClass, decoders: dict, wants: list[Want]) -> dict[int, fast.Program | None]:
+    programs: dict[int, fast.Program | None] = {}
+    for sid, dec in decoders.items():
         try:
-            sd = decode_file(tc, decoders, data)
-        except (CtfDecodeError, Unsupported, RecursionError) as exc:
-            raise TraceSynthError(f"cannot read this trace (truncated or corrupt?): {exc}", f) from None
-        # babeltrace2's muxer breaks timestamp ties by stream class id, then stream id
-        inst = sd.instance if sd.instance is not None else k
-        out.append(((rank0, sd.decoder.sc.id, inst, k), sd, tc))
-    return out
+            programs[sid] = fast.compile_program(tc, dec.sc, dec.sources, wants)
+        except (fast.FastUnsupported, Unsupported, RecursionError):
+            programs[sid] = None  # the generated Python decoder reads this stream class
+    return programs
 
 
 def decode_trace(path: str | Path, wants: Sequence[Want]) -> dict[str, Any]:
@@ -158,105 +195,124 @@ def decode_trace(path: str | Path, wants: Sequence[Want]) -> dict[str, Any]:
     Returns {"ts": int64 ns or None (no clock), "event": int32 codes, "names": [...],
     "cpu": (values, valid), "columns": [(values, valid) per want]}.
     """
-    from tracesynth.io import find_ctf_metadata
-
-    path = Path(path)
-    if not path.exists():
-        raise TraceSynthError("no such file or directory", path)
-    dirs = [m.parent for m in find_ctf_metadata(path)] if path.is_dir() else []
-    if not dirs:
-        raise TraceSynthError("directory holds no CTF trace (no 'metadata' file found)", path)
     wants = [*wants, Want("cpu_id", "int", "packet")]
-    streams = []
-    for i, d in enumerate(dirs):
-        streams += _decode_dir(d, wants, i)
-    streams.sort(key=lambda s: s[0])
     names: dict[str, int] = {}
-    parts: dict[str, list] = {"ts": [], "event": [], "rank": []}
-    cols: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in wants]
-    clockless = False
-    for r, (_, sd, tc) in enumerate(streams):
-        raw = np.frombuffer(sd.ts, dtype=np.uint64) if len(sd.ts) else np.zeros(0, dtype=np.uint64)
-        sc = sd.decoder.sc
-        ns = _ns(tc.clocks.get(sc.clock) if sc.clock else None, raw)
-        clockless |= ns is None
-        parts["ts"].append(ns if ns is not None else np.zeros(len(raw), dtype=np.int64))
-        ids = np.frombuffer(sd.ids, dtype=np.int64) if len(sd.ids) else np.zeros(0, dtype=np.int64)
-        lut = {eid: names.setdefault(ev.name, len(names)) for eid, ev in sc.events.items()}
-        parts["event"].append(np.array([lut[i] for i in ids.tolist()], dtype=np.int32) if len(ids) else ids[:0])
-        parts["rank"].append(np.full(len(ids), r, dtype=np.int32))
-        for j, w in enumerate(wants):
-            cols[j].append(_want_column(sd, j, w))
-    ts = np.concatenate(parts["ts"]) if parts["ts"] else np.zeros(0, dtype=np.int64)
-    rank = np.concatenate(parts["rank"]) if parts["rank"] else np.zeros(0, dtype=np.int32)
-    order = np.arange(len(ts)) if clockless else np.lexsort((rank, ts))
-    event = (np.concatenate(parts["event"]) if parts["event"] else np.zeros(0, dtype=np.int32))[order]
+    words: list[dict[bytes, int]] = [{} for _ in wants]
+    blocks = list(mux(_open_streams(Path(path), wants, words), _to_ns, names))
+    clockless = any(b[0] is None for b in blocks)
+    ts = None if clockless else np.concatenate([b[0] for b in blocks] or [np.zeros(0, dtype=np.int64)])
+    event = np.concatenate([b[1] for b in blocks] or [np.zeros(0, dtype=np.int32)])
     merged = []
-    for j in range(len(wants)):
-        vals = np.concatenate([c[0] for c in cols[j]]) if cols[j] else np.zeros(0, dtype=np.int64)
-        valid = np.concatenate([c[1] for c in cols[j]]) if cols[j] else np.zeros(0, dtype=bool)
-        merged.append((vals[order], valid[order]))
-    return {
-        "ts": None if clockless else ts[order],
-        "event": event,
-        "names": list(names),
-        "cpu": merged[-1],
-        "columns": merged[:-1],
-    }
+    for j, w in enumerate(wants):
+        empty = np.zeros(0, dtype=np.int64 if w.kind == "int" else object)
+        vals = np.concatenate([b[2][j][0] for b in blocks] or [empty])
+        valid = np.concatenate([b[2][j][1] for b in blocks] or [np.zeros(0, dtype=bool)])
+        if w.kind != "int":  # codes -> the bytes (None where absent)
+            table = np.empty(len(words[j]) + 1, dtype=object)
+            table[:-1] = list(words[j])
+            vals = table[vals]
+        merged.append((vals, valid))
+    return {"ts": ts, "event": event, "names": list(names), "cpu": merged[-1], "columns": merged[:-1]}
 
 
-def _str_column(vals: np.ndarray, valid: np.ndarray, bad_rows: set[int], a: int) -> pa.Array:
-    """A dictionary column of decoded strings (first appearance order); rows whose bytes are not
-    UTF-8 go to `bad_rows` (kept, the bad bytes replaced by U+FFFD, as the text path keeps them)."""
-    codes = np.full(len(vals), -1, dtype=np.int32)
-    lut: dict[bytes, int] = {}
-    for i in np.flatnonzero(valid).tolist():
-        codes[i] = lut.setdefault(vals[i], len(lut))
-    words = []
-    for k, b in enumerate(lut):
-        try:
-            words.append(bytes(b).decode("utf-8"))
-        except UnicodeDecodeError:
-            words.append(bytes(b).decode("utf-8", "replace"))
-            bad_rows.update((np.flatnonzero(codes == k) + a).tolist())
-    return pa.DictionaryArray.from_arrays(
-        pa.array(codes, type=pa.int32(), mask=codes < 0), pa.array(words, pa.string())
-    )
+class _Words:
+    """The decoded text of a string want's table, grown as batches need it (bad UTF-8 marked)."""
+
+    def __init__(self, table: dict[bytes, int]) -> None:
+        self.table = table
+        self.text: list[str] = []
+        self.bad: list[bool] = []
+
+    def column(self, codes: np.ndarray) -> tuple[pa.Array, np.ndarray | None]:
+        """A dictionary column (first appearance order) and which rows hold invalid UTF-8."""
+        for b in list(self.table)[len(self.text) :]:
+            try:
+                self.text.append(b.decode("utf-8"))
+                self.bad.append(False)
+            except UnicodeDecodeError:  # kept, the bad bytes replaced, as the text path keeps them
+                self.text.append(b.decode("utf-8", "replace"))
+                self.bad.append(True)
+        new, order = _first_seen(codes, len(self.text))
+        bad = np.array(self.bad, dtype=bool)[order]
+        arr = pa.DictionaryArray.from_arrays(
+            pa.array(new, type=pa.int32(), mask=new < 0), pa.array([self.text[i] for i in order.tolist()], pa.string())
+        )
+        return arr, ((new >= 0) & bad[np.maximum(new, 0)]) if bad.any() else None
+
+
+def _first_seen(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    jit = fast.loaded()
+    if jit is not None:
+        return jit.first_seen(codes.astype(np.int32, copy=False), k)
+    ok = codes >= 0
+    uniq, first, inv = np.unique(codes[ok], return_index=True, return_inverse=True)
+    rank = np.empty(len(uniq), dtype=np.int32)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq), dtype=np.int32)
+    out = np.full(len(codes), -1, dtype=np.int32)
+    out[ok] = rank[inv.ravel()]
+    return out, uniq[np.argsort(first, kind="stable")]
 
 
 def iter_native_batches(path: str | Path, fields: Sequence[Any], batch_rows: int = 1 << 20) -> Iterator[pa.RecordBatch]:
     """Batches like tracesynth.io.babeltrace.iter_ctf_batches, decoded natively."""
+    yield from native_batches(path, fields, batch_rows)
+
+
+def native_batches(path: str | Path, fields: Sequence[Any], batch_rows: int = 1 << 20) -> Iterator[pa.RecordBatch]:
+    """iter_native_batches, with the metadata read and the decoders compiled before it returns
+    (TraceSynthError or Unsupported raised here, before any batch)."""
     wants = [Want(f.name, f.kind, f.scope, f.events) for f in fields]
-    got = decode_trace(path, wants)
-    if got["ts"] is None:
-        raise TraceSynthError("the trace has no clock: its events carry no timestamps", path)
-    n = len(got["ts"])
-    bad: set[int] = set()
-    for a in range(0, n, batch_rows):
-        sl = slice(a, min(n, a + batch_rows))
-        cpu, cpu_ok = got["cpu"]
-        # names in order of first appearance, as babeltrace2's text gives them
-        uniq, first, codes = np.unique(got["event"][sl], return_index=True, return_inverse=True)
-        rank = np.empty(len(uniq), dtype=np.int32)
-        rank[np.argsort(first, kind="stable")] = np.arange(len(uniq), dtype=np.int32)
-        names = pa.array([got["names"][u] for u in uniq[np.argsort(first, kind="stable")].tolist()], pa.string())
-        cols: dict[str, pa.Array] = {
-            "ts": pa.array(got["ts"][sl], pa.int64()),
-            "event": pa.DictionaryArray.from_arrays(pa.array(rank[codes.ravel()], pa.int32()), names),
-            "cpu": pa.array(cpu[sl].astype(np.int32), pa.int32(), mask=~cpu_ok[sl]),
-        }
-        for f, (vals, valid) in zip(fields, got["columns"], strict=True):
-            if f.kind == "int":
-                cols[f.out] = pa.array(vals[sl], pa.int64(), mask=~valid[sl])
-            else:
-                cols[f.out] = _str_column(vals[sl], valid[sl], bad, a)
-        yield pa.RecordBatch.from_pydict(cols)
+    wants.append(Want("cpu_id", "int", "packet"))
+    words: list[dict[bytes, int]] = [{} for _ in wants]
+    files = _open_streams(Path(path), wants, words)
+    return _batches(path, fields, files, batch_rows, [_Words(w) for w in words])
+
+
+def _batches(
+    path: str | Path, fields: Sequence[Any], files: list[StreamFile], batch_rows: int, words: list[_Words]
+) -> Iterator[pa.RecordBatch]:
+    names: dict[str, int] = {}
+    bad = 0
+    for ts, event, cols in mux(files, _to_ns, names):
+        if ts is None:
+            raise TraceSynthError("the trace has no clock: its events carry no timestamps", path)
+        for a in range(0, len(ts), batch_rows):
+            sl = slice(a, min(len(ts), a + batch_rows))
+            batch, nbad = _record_batch(fields, ts[sl], event[sl], names, [(v[sl], ok[sl]) for v, ok in cols], words)
+            bad += nbad
+            yield batch
     if bad:
         warnings.warn(
-            f"{path}: {len(bad)} event(s) hold invalid UTF-8 in a string field (corrupt trace?); "
+            f"{path}: {bad} event(s) hold invalid UTF-8 in a string field (corrupt trace?); "
             "kept with the bad bytes replaced by U+FFFD",
             stacklevel=3,
         )
+
+
+def _record_batch(
+    fields: Sequence[Any], ts: np.ndarray, event: np.ndarray, names: dict, cols: list, words: list
+) -> tuple[pa.RecordBatch, int]:
+    """(the batch, rows with invalid UTF-8) of one slice; `cols` ends with the cpu column."""
+    cpu, cpu_ok = cols[-1]
+    # names in order of first appearance, as babeltrace2's text gives them
+    codes, order = _first_seen(event, len(names))
+    every = list(names)
+    out: dict[str, pa.Array] = {
+        "ts": pa.array(ts, pa.int64()),
+        "event": pa.DictionaryArray.from_arrays(
+            pa.array(codes, pa.int32()), pa.array([every[i] for i in order.tolist()], pa.string())
+        ),
+        "cpu": pa.array(cpu.astype(np.int32), pa.int32(), mask=~cpu_ok),
+    }
+    bad = np.zeros(len(ts), dtype=bool)
+    for j, (f, (vals, valid)) in enumerate(zip(fields, cols[:-1], strict=True)):
+        if f.kind == "int":
+            out[f.out] = pa.array(vals, pa.int64(), mask=~valid)
+        else:
+            out[f.out], rows = words[j].column(vals)
+            if rows is not None:
+                bad |= rows
+    return pa.RecordBatch.from_pydict(out), int(np.count_nonzero(bad))
 
 
 def native_ctf_metadata(path: str | Path) -> dict[str, Any]:

@@ -279,9 +279,12 @@ class StreamData:
     records: dict[int, list[tuple]] = field(default_factory=dict)
 
 
-def decode_file(tc: TraceClass, decoders: dict[int, StreamDecoder], data: bytes) -> StreamData:
-    """Decode every packet of one stream file (CtfDecodeError naming the packet's byte offset)."""
-    pos, clk, n = 0, 0, 0
+def decode_file(
+    tc: TraceClass, decoders: dict[int, StreamDecoder], data: bytes, base: int = 0, clk: int = 0
+) -> StreamData:
+    """Decode every packet of one stream file, or of its bytes from `base` on, the clock at `clk`
+    (CtfDecodeError naming the packet's byte offset in the file)."""
+    pos, n = 0, 0
     ts, ids = array("Q"), array("q")
     packets: list[tuple[int, int, tuple]] = []
     common: list[tuple] = []
@@ -312,9 +315,9 @@ def decode_file(tc: TraceClass, decoders: dict[int, StreamDecoder], data: bytes)
             clk, n = d.run(buf, p, content, clk, n, ts.append, ids.append, common.append)
             packets.append((first, n - first, pvals))
         except CtfDecodeError as exc:
-            raise CtfDecodeError(f"packet at byte {pos}: {exc}") from None
+            raise CtfDecodeError(f"packet at byte {base + pos}: {exc}") from None
         except (IndexError, ValueError, KeyError, NameError, OverflowError, TypeError, struct.error) as exc:
-            raise CtfDecodeError(f"packet at byte {pos}: cannot decode ({type(exc).__name__}: {exc})") from None
+            raise CtfDecodeError(f"packet at byte {base + pos}: cannot decode ({type(exc).__name__}: {exc})") from None
         pos += size // 8
     if dec is None:
         dec = next(iter(decoders.values()))

@@ -1,0 +1,546 @@
+"""A compiled core for the per-event loop: field classes compiled to a small instruction program
+that one numba-jitted interpreter runs over a packet's events, writing numpy columns.
+
+Per stream class, `compile_program` turns the event header, the common context and each event
+class's context and payload into instructions (align, skip, read an integer into a register,
+strings and byte arrays as offsets, variant branches, array loops, clock update, outputs to
+columns). It raises FastUnsupported for what it cannot express (references into the packet
+scopes, integers over 64 bits, selector ranges outside int64); such stream classes keep the
+generated Python decoder (tracesynth.io.ctf.decode). At run time any status but OK or FULL
+makes the caller decode the rest of the stream file with that Python decoder, which then
+reports the damage exactly as it always has.
+
+numba is imported only for a trace big enough to repay it (`kernels`: about a second and 150 MB
+of a process's memory, whatever the trace); it compiles the interpreter once per machine (about
+10 s, cached next to this file, or in NUMBA_CACHE_DIR where that is not writable). Without numba
+every stream uses the Python path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from tracesynth.io.ctf.compile import _label_ranges, align_of, ref_names, static_size
+from tracesynth.io.ctf.model import Array, Blob, Float, Int, Optional, Ref, String, Struct, Variant
+
+# opcodes (instruction: op, a, b, c, d)
+END, ALIGN, SKIP, INT, LEB, CSTR, BYTES, SKIPN, JIN, JMP, FAIL, CLOCK, SETID, OUT, OUTS, LOOP, NEXT = range(17)
+# kernel statuses: the packet is done, the output is full, or anything else (the Python decoder redoes it)
+OK, FULL, BAD = 0, 1, 2
+_I64 = (-(1 << 63), (1 << 63) - 1)
+_MAX_IDS = 1 << 20
+
+
+class FastUnsupported(ValueError):
+    """A layout the instruction set does not express (the Python decoder handles it)."""
+
+
+@dataclass
+class Program:
+    """The instructions of one stream class and where each event class's part starts."""
+
+    code: np.ndarray  # int64 (n, 5)
+    evstart: np.ndarray  # int64, -1 for ids not in the metadata
+    default_id: int  # the id when the header has none: the only event class's, else 0
+    nregs: int
+    ncols: int
+
+
+class _Compiler:
+    def __init__(self, refs: set[str]) -> None:
+        self.refs = refs
+        self.code: list[list[int]] = []
+        self.nregs = 0
+        self.scopes: list[dict[tuple[str, ...], int]] = []
+        self.roots: dict[str, dict[tuple[str, ...], int]] = {}
+        self.fcs: dict[int, Any] = {}  # register -> its integer class (variant selectors)
+        self.mode = "event"
+
+    def op(self, *args: int) -> int:
+        self.code.append([*args, *[0] * (5 - len(args))])
+        return len(self.code) - 1
+
+    def reg(self, n: int = 1) -> int:
+        self.nregs += n
+        return self.nregs - n
+
+    def lookup(self, ref: Ref) -> int:
+        if ref.root is not None:
+            table = self.roots.get(ref.root)
+            if table is None or ref.path not in table:
+                raise FastUnsupported(f"reference {ref.root}.{'.'.join(ref.path)} is out of reach")
+            return table[ref.path]
+        for table in [*reversed(self.scopes), *reversed(list(self.roots.values()))]:
+            if ref.path in table:
+                return table[ref.path]
+        raise FastUnsupported(f"unresolved reference {'.'.join(ref.path)!r}")
+
+    def root(self, fc: Struct | None, root: str, want: dict[str, list[tuple[str, int]]]) -> None:
+        """One root scope; `want`: member -> [(kind, column)] to write."""
+        table: dict[tuple[str, ...], int] = {}
+        self.roots[root] = table
+        if fc is None:
+            return
+        self.op(ALIGN, max(fc.align, 1))
+        self.scopes.append(table)
+        for n, f in fc.fields:
+            r = self.field(f, n, keep=n in want)
+            for kind, col in want.get(n, ()):
+                if r is not None and col >= 0:
+                    self.op(OUT if kind == "int" else OUTS, r, col)
+        self.scopes.pop()
+
+    def field(self, fc: Any, name: str | None, keep: bool = False) -> int | None:
+        keep = keep or (name is not None and name in self.refs)
+        if isinstance(fc, Int):
+            return self.integer(fc, name, keep)
+        if isinstance(fc, Float):
+            self.op(ALIGN, fc.align)
+            self.op(SKIP, fc.size)
+            return None
+        if isinstance(fc, String):
+            return self.string(fc, keep)
+        if isinstance(fc, Blob):
+            self.op(ALIGN, max(fc.align, 8))
+            self.bytes_(fc.length, keep=False, text=False)
+            return None
+        if isinstance(fc, Struct):
+            self.op(ALIGN, align_of(fc))
+            self.scopes.append({})
+            for n, f in fc.fields:
+                self.field(f, n)
+            self._expose(name, self.scopes.pop())
+            return None
+        if isinstance(fc, Array):
+            return self.array(fc, keep)
+        if isinstance(fc, Variant | Optional):
+            self.choice(fc, name)
+            return None
+        raise FastUnsupported(f"unknown field class {type(fc).__name__}")
+
+    def _expose(self, name: str | None, inner: dict[tuple[str, ...], int]) -> None:
+        if name is not None and self.scopes:
+            for k, v in inner.items():
+                self.scopes[-1][(name, *k)] = v
+
+    def integer(self, fc: Int, name: str | None, keep: bool) -> int | None:
+        hook = self.mode == "header" and (fc.role == "id" or fc.clock is not None)
+        if fc.varlen:
+            self.op(ALIGN, 8)
+        else:
+            if fc.size > 64 or fc.size < 1:
+                raise FastUnsupported("an integer wider than 64 bits")
+            self.op(ALIGN, fc.align)
+        if not (keep or hook):
+            if fc.varlen:
+                self.op(LEB, 0, int(fc.signed), -1)
+            else:
+                self.op(SKIP, fc.size)
+            return None
+        r = self.reg()
+        if fc.varlen:
+            self.op(LEB, 0, int(fc.signed), r)
+        else:
+            self.op(INT, fc.size, int(fc.signed) | 2 * int(fc.little), r)
+        if name is not None and self.scopes:
+            self.scopes[-1][(name,)] = r
+        self.fcs[r] = fc
+        if hook and fc.role == "id":
+            self.op(SETID, r)
+        if hook and fc.clock is not None:
+            self.op(CLOCK, r, fc.size, int(fc.size >= 64 and not fc.varlen))
+        return r
+
+    def string(self, fc: String, keep: bool) -> int | None:
+        self.op(ALIGN, 8)
+        if fc.length is None:
+            r = self.reg(2) if keep else -1
+            self.op(CSTR, 0, 0, r)
+            return r if keep else None
+        return self.bytes_(fc.length, keep, text=True)
+
+    def bytes_(self, length: int | Ref, keep: bool, text: bool) -> int | None:
+        r = self.reg(2) if keep else -1
+        if isinstance(length, int):
+            self.op(BYTES, -1, length, r, int(text))
+        else:
+            self.op(BYTES, self.lookup(length), 0, r, int(text))
+        return r if keep else None
+
+    def array(self, fc: Array, keep: bool) -> int | None:
+        self.op(ALIGN, max(fc.align, align_of(fc.element)))
+        el = fc.element
+        if isinstance(el, Int) and el.size == 8 and el.encoding:  # text: babeltrace2 shows a string
+            return self.bytes_(fc.length, keep, text=True)
+        s = static_size(el)
+        n = -1 if isinstance(fc.length, int) else self.lookup(fc.length)
+        if s is not None and s[0] % s[1] == 0 and not self._has_refs(el):
+            self.op(SKIPN, n, s[0], fc.length if isinstance(fc.length, int) else 0)
+            return None
+        counter = self.reg()
+        head = self.op(LOOP, n, fc.length if isinstance(fc.length, int) else 0, counter, 0)
+        self.scopes.append({})
+        self.field(el, None)
+        self.scopes.pop()
+        self.op(NEXT, counter, 0, 0, head + 1)
+        self.code[head][4] = len(self.code)
+        return None
+
+    def _has_refs(self, fc: Any) -> bool:
+        if isinstance(fc, Struct):
+            return any(n in self.refs or self._has_refs(f) for n, f in fc.fields)
+        return isinstance(fc, Array) and self._has_refs(fc.element)
+
+    def choice(self, fc: Variant | Optional, name: str | None) -> None:
+        sel = self.lookup(fc.selector)
+        if isinstance(fc, Optional):
+            branches = [(fc.ranges, fc.element, None)]
+        else:
+            branches = [(r if r is not None else _label_ranges(self.fcs.get(sel), n), f, n) for n, f, r in fc.options]
+        tests = []
+        for k, (ranges, _, _) in enumerate(branches):
+            if ranges is None:  # a boolean selector: any value but 0
+                tests.append(self.op(JIN, sel, 0, 0, -2))  # 0: skip the element
+                tests.append(self.op(JMP, 0, 0, 0, -(k + 10)))
+                continue
+            for lo, hi in ranges:
+                if not (_I64[0] <= lo <= _I64[1] and _I64[0] <= hi <= _I64[1]):
+                    raise FastUnsupported("a selector range outside int64")
+                tests.append(self.op(JIN, sel, lo, hi, -(k + 10)))
+        tests.append(self.op(FAIL, 0) if isinstance(fc, Variant) else self.op(JMP, 0, 0, 0, -2))
+        starts, ends = [], []
+        for _, f, oname in branches:
+            starts.append(len(self.code))
+            self.scopes.append({})
+            self.field(f, oname)
+            inner = self.scopes.pop()
+            self._expose(name, inner)
+            ends.append(self.op(JMP, 0, 0, 0, -2))
+        done = len(self.code)
+        for i in [*tests, *ends]:
+            t = self.code[i][4]
+            if t == -2:
+                self.code[i][4] = done
+            elif t <= -10:
+                self.code[i][4] = starts[-t - 10]
+
+
+def compile_program(tc: Any, sc: Any, sources: dict[int, list], wants: list[Any]) -> Program:
+    """The program of one stream class; `sources` as tracesynth.io.ctf.decode._sources gives them."""
+    refs = ref_names(
+        tc.packet_header,
+        sc.packet_context,
+        sc.event_header,
+        sc.event_context,
+        *(e for ev in sc.events.values() for e in (ev.context, ev.payload)),
+    )
+    if sc.events and (min(sc.events) < 0 or max(sc.events) >= _MAX_IDS):
+        raise FastUnsupported("event class ids too large for a table")
+    c = _Compiler(refs)
+    c.mode = "header"
+    c.root(sc.event_header, "event.header", {})
+    common = {
+        m.split(":", 1)[1]
+        for row in sources.values()
+        for s in row
+        if s and s[0] == "event.common_context"
+        for m in [s[1]]
+    }
+    c.roots["event.common_context"] = {}
+    c.root(sc.event_context, "event.common_context", {m: [("keep", -1)] for m in common})
+    c.op(END)
+    c.mode = "event"
+    evstart = np.full(max(sc.events, default=-1) + 1, -1, dtype=np.int64)
+    for eid, ev in sc.events.items():
+        evstart[eid] = len(c.code)
+        mine: dict[str, dict[str, list]] = {"event.context": {}, "event.payload": {}}
+        for j, s in enumerate(sources[eid]):
+            if s is not None and s[0] == "packet.context" and wants[j].kind != "int":
+                raise FastUnsupported("a string from the packet context")
+            if s is None or s[0] == "packet.context":
+                continue
+            member = s[1].split(":", 1)[1]
+            if s[0] == "event.common_context":
+                r = c.roots["event.common_context"].get((member,))
+                if r is None:
+                    raise FastUnsupported("a common context field that is not read")
+                c.op(OUT if wants[j].kind == "int" else OUTS, r, j)
+            else:
+                mine[s[0]].setdefault(member, []).append((wants[j].kind, j))
+        c.root(ev.context, "event.context", mine["event.context"])
+        c.root(ev.payload, "event.payload", mine["event.payload"])
+        c.op(END)
+    code = np.array(c.code, dtype=np.int64).reshape(-1, 5)
+    return Program(code, evstart, next(iter(sc.events)) if len(sc.events) == 1 else 0, max(c.nregs, 1), len(wants))
+
+
+def _read_int(buf, lim, q, sh, size, flags):  # noqa: ANN001, ANN202 - numba-compiled
+    """(ok, value) of an integer of `size` bits at byte q, bit sh (CTF bit order)."""
+    nb = (sh + size + 7) >> 3
+    if q < 0 or q + nb > lim:
+        return False, np.int64(0)
+    v = np.uint64(0)
+    if flags & 2:  # little-endian: the LSB first
+        for i in range(nb):
+            b = np.uint64(buf[q + i])
+            s = 8 * i - sh
+            if s >= 0:
+                if s < 64:
+                    v |= b << np.uint64(s)
+            else:
+                v |= b >> np.uint64(-s)
+    else:
+        if nb > 8:
+            return False, np.int64(0)
+        for i in range(nb):
+            v = (v << np.uint64(8)) | np.uint64(buf[q + i])
+        v >>= np.uint64(nb * 8 - sh - size)
+    if size < 64:
+        mask = (np.uint64(1) << np.uint64(size)) - np.uint64(1)
+        v &= mask
+        if flags & 1 and (v >> np.uint64(size - 1)) & np.uint64(1):
+            v |= ~mask
+    return True, np.int64(v)
+
+
+def _leb(buf, lim, q, signed):  # noqa: ANN001, ANN202 - numba-compiled
+    """(ok, value, next byte) of a LEB128 integer at byte q."""
+    v = np.uint64(0)
+    shift = 0
+    while True:
+        if q >= lim:
+            return False, np.int64(0), q
+        b = np.uint64(buf[q])
+        q += 1
+        if shift < 64:
+            v |= (b & np.uint64(0x7F)) << np.uint64(shift)
+        shift += 7
+        if not b & np.uint64(0x80):
+            break
+        if shift > 70:
+            return False, np.int64(0), q
+    if signed and shift < 64 and (v >> np.uint64(shift - 1)) & np.uint64(1):
+        v |= ~((np.uint64(1) << np.uint64(shift)) - np.uint64(1))
+    return True, np.int64(v), q
+
+
+def _data(buf, base, lim, p, op, a, b, c, d, regs):  # noqa: ANN001, ANN202, C901, PLR0911, PLR0912
+    """The position after one data instruction (align, skip, read), or -1 where the bytes do not
+    decode here (the Python decoder then redoes the packet)."""
+    if op == ALIGN:
+        return (p + a - 1) & -a if a > 1 else p
+    if op == SKIP:
+        return p + a
+    if op == INT:
+        ok, v = _read_int(buf, lim, base + (p >> 3), p & 7, a, b)
+        if not ok:
+            return -1
+        regs[c] = v
+        return p + a
+    if p & 7 and op != SKIPN:  # LEB, CSTR, BYTES start on a byte
+        return -1
+    q = base + (p >> 3)
+    if op == LEB:
+        ok, v, q = _leb(buf, lim, q, b)
+        if not ok:
+            return -1
+        if c >= 0:
+            regs[c] = v
+        return (q - base) << 3
+    if op == CSTR:
+        e = q
+        while e < lim and buf[e] != 0:
+            e += 1
+        if e >= lim:
+            return -1
+        if c >= 0:
+            regs[c], regs[c + 1] = q, e - q
+        return (e + 1 - base) << 3
+    m = regs[a] if a >= 0 else (b if op == BYTES else c)
+    if m < 0:
+        return -1
+    if op == SKIPN:
+        return p + b * m
+    if q + m > lim:  # BYTES
+        return -1
+    if c >= 0:
+        e = q
+        if d:  # text: up to the first NUL
+            while e < q + m and buf[e] != 0:
+                e += 1
+        else:
+            e = q + m
+        regs[c], regs[c + 1] = q, e - q
+    return p + 8 * m
+
+
+def _run(buf, base, lim, p, end, clk, n, cap, code, evstart, default_id, regs, ts, ids, vals, lens, valid):  # noqa: ANN001, ANN202, C901, PLR0912
+    """Decode the events of one packet (bytes base..lim of buf; p and end in bits from base) into
+    rows n.. of the columns; returns (status, p, clk, n) to resume at."""
+    while p < end:
+        if n >= cap:
+            return FULL, p, clk, n
+        p0 = p
+        eid = default_id
+        pc = 0
+        in_event = False
+        while True:
+            op, a, b, c, d = code[pc, 0], code[pc, 1], code[pc, 2], code[pc, 3], code[pc, 4]
+            if op == END:
+                if in_event:
+                    break
+                if eid < 0 or eid >= len(evstart) or evstart[eid] < 0:
+                    return BAD, p, clk, n
+                pc = evstart[eid]
+                in_event = True
+                continue
+            if op <= SKIPN:
+                p = _data(buf, base, lim, p, op, a, b, c, d, regs)
+                if p < 0:
+                    return BAD, p0, clk, n
+            elif op == JIN:
+                if b <= regs[a] <= c:
+                    pc = d
+                    continue
+            elif op == JMP:
+                pc = d
+                continue
+            elif op == FAIL:
+                return BAD, p, clk, n
+            elif op == CLOCK:
+                v = np.uint64(regs[a])
+                if c:
+                    clk = v
+                else:
+                    mask = (np.uint64(1) << np.uint64(b)) - np.uint64(1)
+                    if v < (clk & mask):
+                        clk += mask + np.uint64(1)
+                    clk = (clk & ~mask) | v
+            elif op == SETID:
+                eid = regs[a]
+            elif op == OUT or op == OUTS:
+                vals[b, n] = regs[a]
+                valid[b, n] = 1
+                if op == OUTS:
+                    lens[b, n] = regs[a + 1]
+            elif op == LOOP:
+                m = regs[a] if a >= 0 else b
+                if m > ((lim - base) << 3) - p + 1:
+                    return BAD, p, clk, n
+                if m <= 0:
+                    pc = d
+                    continue
+                regs[c] = m
+            elif op == NEXT:
+                regs[a] -= 1
+                if regs[a] > 0:
+                    pc = d
+                    continue
+            pc += 1
+        if p <= p0:
+            return BAD, p, clk, n
+        ts[n] = clk
+        ids[n] = eid
+        n += 1
+    if p > end:
+        return BAD, p, clk, n
+    return OK, p, clk, n
+
+
+def intern(buf, offs, lens, valid):  # noqa: ANN001, ANN201 - numba-compiled
+    """Codes (first-seen order, -1 where not valid) of the byte strings buf[off:off+len], and the
+    (offset, length) of each distinct one."""
+    n = len(offs)
+    size = 64
+    while size < 2 * n:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int64)
+    codes = np.full(n, -1, dtype=np.int32)
+    first = np.zeros(n, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        if not valid[i]:
+            continue
+        o, m = offs[i], lens[i]
+        h = np.uint64(14695981039346656037)
+        for j in range(m):
+            h = (h ^ np.uint64(buf[o + j])) * np.uint64(1099511628211)
+        slot = np.int64(h & np.uint64(size - 1))
+        while True:
+            c = table[slot]
+            if c < 0:
+                table[slot] = k
+                first[k] = i
+                codes[i] = k
+                k += 1
+                break
+            f = first[c]
+            if lens[f] == m:
+                same = True
+                for j in range(m):
+                    if buf[offs[f] + j] != buf[o + j]:
+                        same = False
+                        break
+                if same:
+                    codes[i] = c
+                    break
+            slot = (slot + 1) & (size - 1)
+    return codes, first[:k]
+
+
+def first_seen(codes, k):  # noqa: ANN001, ANN201 - numba-compiled
+    """Codes renumbered in order of first appearance (-1 kept), and the old code of each new one."""
+    remap = np.full(k, -1, dtype=np.int32)
+    order = np.zeros(k, dtype=np.int64)
+    out = np.empty(len(codes), dtype=np.int32)
+    m = 0
+    for i in range(len(codes)):
+        c = codes[i]
+        if c < 0:
+            out[i] = -1
+            continue
+        if remap[c] < 0:
+            remap[c] = m
+            order[m] = c
+            m += 1
+        out[i] = remap[c]
+    return out, order[:m]
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def kernels() -> SimpleNamespace | None:
+    """The compiled functions (numba imported and its cache loaded on the first call: about a
+    second and 150 MB), or None where numba is not installed."""
+    if "k" not in _KERNELS:
+        try:
+            from numba import njit
+        except ImportError:  # numba is a dependency of the tracesynth extra; without it, Python
+            _KERNELS["k"] = None
+            return None
+        jit = njit(cache=True, nogil=True)
+        g = globals()
+        g["_read_int"], g["_leb"] = jit(_read_int), jit(_leb)  # _data and _run call them: compiled first
+        g["_data"] = jit(_data)
+        _KERNELS["k"] = SimpleNamespace(run=jit(_run), intern=jit(intern), first_seen=jit(first_seen))
+    return _KERNELS["k"]
+
+
+def loaded() -> SimpleNamespace | None:
+    """The compiled functions if some trace already needed them (numba is not imported here)."""
+    return _KERNELS.get("k")
+
+
+def run_packet(
+    prog: Program, buf: np.ndarray, base: int, lim: int, p: int, end: int, clk: int, n: int, out: Any
+) -> tuple:
+    """One packet's events (or as many as `out` holds) into `out`'s columns at row n."""
+    cols = (out.regs, out.ts, out.ids, out.vals, out.lens, out.valid)
+    return _KERNELS["k"].run(
+        buf, base, lim, p, end, np.uint64(clk), n, len(out.ts), prog.code, prog.evstart, prog.default_id, *cols
+    )
