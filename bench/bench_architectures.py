@@ -251,7 +251,8 @@ def main() -> None:
 
         archs = a.archs or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
         if a.engine == "vllm":  # vLLM's CPU attention has no kernel for 16-wide heads ("Unsupported CPU attention")
-            TINY.update(hidden_size=128, head_dim=32)
+            # and its CPU latent attention decodes a 512 + 64 latent only
+            TINY.update(hidden_size=128, head_dim=32, kv_lora_rank=512, qk_rope_head_dim=64)
         if a.engine == "vllm" and not a.archs:
             every = archs
             archs = vllm_model_types(every)

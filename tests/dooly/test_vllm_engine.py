@@ -158,15 +158,49 @@ def test_layers_are_bound_by_vllm_layer_names(engine) -> None:  # type: ignore[n
     assert any(r.signature.op == ATTENTION for r in tr.records)
 
 
-def test_a_latent_attention_model_is_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
-    # DeepSeek-style MLA builds in vLLM, but its CPU MLA loops over the requests in Python
-    cfg = {"model_type": "deepseek_v3", "vocab_size": 128, "hidden_size": 128, "intermediate_size": 96,
-           "num_hidden_layers": 1, "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
-           "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32,
-           "q_lora_rank": None, "max_position_embeddings": 512}  # fmt: skip
-    with pytest.raises(DoolyError, match="multi-head latent attention") as err:
-        trace_model(cfg, "prefill", engine=engine)
+LATENT = {"model_type": "deepseek_v3", "vocab_size": 128, "hidden_size": 128, "intermediate_size": 96,
+          "num_hidden_layers": 1, "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+          "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32,
+          "q_lora_rank": None, "max_position_embeddings": 512}  # fmt: skip
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_latent_attention_model_traces_as_its_real_step(engine, phase) -> None:  # type: ignore[no-untyped-def]
+    # DeepSeek-style MLA: vLLM's CPU backend runs it as its own opaque op (whose prefill and metadata loop over
+    # the requests in Python); the trace holds that op with the request sizes labelled, as the real step calls it
+    trace = trace_model(LATENT, phase, engine=engine)
+    assert not trace.guards
+    torch.manual_seed(0)
+    traced, real = traced_and_real_ops(engine, engine.build_model(LATENT), trace)
+    kernels = [op for op in real if op[0] != "aten.alias.default"]
+    assert [op for op in traced if op[0] != "aten.alias.default"] == kernels
+    mla = "vllm.unified_mla_attention_with_output.default"
+    attn = next(r.signature for r in trace.records if r.signature.op == mla)
+    assert "requests" in attn.symbols()
+
+
+def test_a_latent_head_size_without_a_cpu_kernel_is_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
+    # vLLM builds it, but its CPU MLA decode kernel exists for 512 + 64 only
+    with pytest.raises(DoolyError, match="head sizes") as err:
+        engine.build_model({**LATENT, "kv_lora_rank": 16, "qk_rope_head_dim": 8})
     assert "\n" not in str(err.value)
+
+
+def test_the_conv_weight_prepack_fake_has_the_real_layout(engine) -> None:  # type: ignore[no-untyped-def]
+    import vllm._custom_ops as ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert engine is not None  # its construction registers the fake
+    if not hasattr(torch.ops._C, "causal_conv1d_weight_pack"):
+        pytest.skip("this vLLM build has no conv-weight prepack")
+    w = torch.randn(96, 4, dtype=torch.bfloat16)
+    try:
+        real = ops.causal_conv1d_weight_pack(w)
+    except RuntimeError as exc:  # a CPU without its kernel (vLLM never calls it there)
+        pytest.skip(str(exc))
+    with FakeTensorMode() as mode:
+        fake = ops.causal_conv1d_weight_pack(mode.from_tensor(w))
+    assert (fake.shape, fake.dtype, fake.stride()) == (real.shape, real.dtype, real.stride())
 
 
 @pytest.mark.slow

@@ -61,12 +61,72 @@ def _paged_caches(st: _State, r: Any, seq_len: Any) -> tuple[dict[str, Any], lis
     caches: dict[str, Any] = {}
     tables = []
     for spec, names, _ in st.groups:
-        per_seq = (seq_len + spec.block_size - 1) // spec.block_size  # blocks one sequence holds after the step
+        per_seq = _blocks_per_seq(spec, seq_len)
         tables.append(torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq))
         for n in names:
             raw = torch.zeros(compute_layer_kv_cache_shape_bytes(spec, r * per_seq), dtype=torch.int8)
-            caches[n] = raw.view(spec.dtype)
+            # as vLLM's create_kv_cache_views: a state cache stays raw bytes (its layer unpacks them when bound)
+            dtype = getattr(spec, "dtype", None)
+            caches[n] = raw if dtype is None else raw.view(dtype)
     return caches, tables
+
+
+def _blocks_per_seq(spec: Any, seq_len: Any) -> Any:
+    """Blocks one sequence holds after a step: a state layer's (an SSM's) one, whatever the length (vLLM keeps
+    one state per request without prefix caching); an attention layer's, one per ``block_size`` tokens."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    if isinstance(spec, MambaSpec):
+        return 1
+    return (seq_len + spec.block_size - 1) // spec.block_size
+
+
+def _group_step(spec: Any, builder: Any, table: Any, r: Any, t: Any, k: Any) -> tuple[Any, Any, Any]:
+    """One KV-cache group's attention metadata (from its backend's own ``builder``; None without one), slot mapping
+    and the step's positions, for ``r`` requests of ``t`` new tokens on ``k`` cached ones."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    positions = (torch.arange(t, dtype=torch.int64) + k).repeat(r)
+    query_start = torch.arange(r + 1, dtype=torch.int32) * t
+    seq_lens = torch.ones(r, dtype=torch.int32) * (k + t)
+    # vLLM's model runner: a request is prefilling while it computes prompt tokens (a decode adds one token)
+    prefilling = torch.full((r,), not (isinstance(t, int) and t == 1), dtype=torch.bool)
+    pos = positions.view(r, t)
+    slot = (table.gather(1, pos // spec.block_size).to(torch.int64) * spec.block_size
+            + pos % spec.block_size).reshape(-1)  # fmt: skip
+    common = CommonAttentionMetadata(
+        query_start_loc=query_start, query_start_loc_cpu=query_start, seq_lens=seq_lens, num_reqs=r,
+        num_actual_tokens=r * t, max_query_len=t, max_seq_len=k + t, block_table_tensor=table,
+        slot_mapping=slot, positions=positions, seq_lens_cpu_upper_bound=seq_lens, is_prefilling=prefilling,
+    )  # fmt: skip
+    return (None if builder is None else builder.build(0, common)), slot, positions
+
+
+def _direct(layer: Any) -> bool:
+    """The layer's kernels run op by op in the step (vLLM's attention, called directly), not inside an opaque op."""
+    return bool(getattr(layer, "use_direct_call", False))
+
+
+def _real_metadata(spec: Any, builder: Any, r: Any, t: Any, k: Any) -> Any:
+    """A group's metadata built on real tensors at the request sizes' dummy values (no guard on them)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    r, t, k = (int(x.node.hint) if isinstance(x, torch.SymInt) else int(x) for x in (r, t, k))
+    with unset_fake_temporarily():
+        per_seq = int(_blocks_per_seq(spec, k + t))
+        table = torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq)
+        return _group_step(spec, builder, table, r, t, k)[0]
+
+
+def _check_head_size(backend: Any, spec: Any) -> None:
+    """vLLM builds a layer whose head size its CPU backend has no kernel for (it fails at the first step): refused."""
+    head = getattr(spec, "head_size", None)
+    sizes = backend.get_supported_head_sizes() if hasattr(backend, "get_supported_head_sizes") else []
+    if head is not None and sizes and head not in sizes:
+        raise DoolyError(f"vLLM's CPU {backend.get_name()} attention has kernels for head sizes {sizes} only, "
+                         f"not {head}")  # fmt: skip
 
 
 class VLLMEngine(Engine):
@@ -161,8 +221,11 @@ class VLLMEngine(Engine):
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers import rotary_embedding
-        from vllm.model_executor.layers.attention import Attention, MLAAttention
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
         from vllm.model_executor.model_loader import get_model
+
+        from dooly.engines import vllm_ops
 
         vc = self.vllm_config(config, num_layers=num_layers)
         with set_current_vllm_config(vc):  # num_parameters then takes this config rather than making another
@@ -182,24 +245,25 @@ class VLLMEngine(Engine):
                 raise DoolyError(f"vLLM cannot build the model: {one_line(exc)}") from None
             # by vLLM's own layer names (the prefix each layer registered, which its metadata lookup uses; a
             # model may hold a layer under another module path)
+            # every layer vLLM's KV-cache manager serves: attention (paged KV), latent attention (paged latent
+            # cache), SSM mixers (one state per request)
             ctx = vc.compilation_config.static_forward_context
-            layers = {n: m for n, m in ctx.items() if isinstance(m, Attention)}
-            if not layers and any(isinstance(m, MLAAttention) for m in ctx.values()):
-                raise DoolyError(
-                    "engine vllm: multi-head latent attention (vLLM's MLAAttention) cannot be traced: "
-                    "vLLM's CPU MLA loops over the requests in Python (its metadata builder, its prefill "
-                    "attention), which fixes the request count; trace it with --engine hf-eager"
-                )
+            layers = {n: m for n, m in ctx.items()
+                      if isinstance(m, AttentionLayerBase) and m.get_kv_cache_spec(vc) is not None}  # fmt: skip
             if not layers:
-                raise DoolyError("engine vllm: the model has no attention layer vLLM's KV cache could serve")
+                raise DoolyError("engine vllm: the model has no layer vLLM's KV cache could serve")
+            vllm_ops.fake_layer_ops()  # the opaque ops of the layers this model brought in
             by_spec: dict[Any, list[str]] = {}
             for n, layer in layers.items():
-                # eager: call the attention backend directly (the one opaque op only exists for torch.compile)
-                layer.use_direct_call = True
+                if isinstance(layer, Attention):
+                    # call the attention backend directly, so its kernels are seen (vLLM's opaque op around them
+                    # runs the same code)
+                    layer.use_direct_call = True
                 by_spec.setdefault(layer.get_kv_cache_spec(vc), []).append(n)
             groups = []
             for spec, names in by_spec.items():
-                backend = layers[names[0]].attn_backend
+                backend = layers[names[0]].get_attn_backend()
+                _check_head_size(backend, spec)
                 builder = backend.get_builder_cls()(spec, names, vc, torch.device(self.device))
                 groups.append((spec, names, builder))
         model.eval()
@@ -223,11 +287,13 @@ class VLLMEngine(Engine):
     def describe(self, model: Any) -> dict[str, Any]:
         st: _State = model._dooly_vllm
         spec, names, builder = st.groups[0]
+        # each KV-cache group's backend, in order (one name for a model with one kind of attention)
+        backends = dict.fromkeys(st.layers[ns[0]].get_attn_backend().get_name() for _, ns, _ in st.groups)
         return {
             "engine": self.engine_id,
             "dtype": self.dtype,
             "model_class": type(model).__name__,
-            "attention_backend": st.layers[names[0]].attn_backend.get_name(),
+            "attention_backend": "+".join(backends),
             "block_size": int(spec.block_size),
             "attention_isa": getattr(builder, "isa", None),
             "kv_cache_groups": len(st.groups),
@@ -248,23 +314,19 @@ class VLLMEngine(Engine):
     def _step(self, st: _State, caches: dict[str, Any], tables: list[Any], r: Any, t: Any, k: Any) -> dict[str, Any]:
         """Inputs of a step computing ``t`` tokens for each of ``r`` requests that hold ``k`` cached tokens."""
         import torch
-        from vllm.v1.attention.backend import CommonAttentionMetadata
+        from torch._subclasses.fake_tensor import FakeTensor
 
-        positions = (torch.arange(t, dtype=torch.int64) + k).repeat(r)
-        query_start = torch.arange(r + 1, dtype=torch.int32) * t
-        seq_lens = torch.ones(r, dtype=torch.int32) * (k + t)
         metadata: dict[str, Any] = {}
         slots: dict[str, Any] = {}
+        positions = None
         for (spec, names, builder), table in zip(st.groups, tables, strict=True):
-            pos = positions.view(r, t)
-            slot = (table.gather(1, pos // spec.block_size).to(torch.int64) * spec.block_size
-                    + pos % spec.block_size).reshape(-1)  # fmt: skip
-            common = CommonAttentionMetadata(
-                query_start_loc=query_start, query_start_loc_cpu=query_start, seq_lens=seq_lens, num_reqs=r,
-                num_actual_tokens=r * t, max_query_len=t, max_seq_len=k + t, block_table_tensor=table,
-                slot_mapping=slot, positions=positions,
-            )  # fmt: skip
-            md = builder.build(0, common)
+            opaque = isinstance(table, FakeTensor) and not _direct(st.layers[names[0]])
+            md, slot, positions = _group_step(spec, None if opaque else builder, table, r, t, k)
+            if opaque:
+                # these layers run as one vLLM op whose fake computes nothing, so only a real step reads their
+                # metadata; vLLM's builder (for the latent attention and the SSMs) reads each request's lengths in
+                # Python, which would fix the request count: built on real tensors at the dummy sizes instead
+                md = _real_metadata(spec, builder, r, t, k)
             metadata.update(dict.fromkeys(names, md))
             slots.update(dict.fromkeys(names, slot))
         return {
@@ -297,6 +359,7 @@ class VLLMEngine(Engine):
         query_start = torch.tensor([0, *torch.tensor(query).cumsum(0).tolist()], dtype=torch.int32)
         seq_lens = torch.tensor([q + c for q, c in zip(query, cached, strict=True)], dtype=torch.int32)
         req_of_token = torch.repeat_interleave(torch.arange(r), torch.tensor(query))
+        prefilling = torch.tensor([False] * len(batch.decode) + [True] * len(batch.prefill))
         caches, tables = _paged_caches(st, r, int(seq_lens.max()))
         metadata, slots = {}, {}
         for (spec, names, builder), table in zip(st.groups, tables, strict=True):
@@ -306,6 +369,7 @@ class VLLMEngine(Engine):
                 query_start_loc=query_start, query_start_loc_cpu=query_start, seq_lens=seq_lens, num_reqs=r,
                 num_actual_tokens=int(sum(query)), max_query_len=max(query), max_seq_len=int(seq_lens.max()),
                 block_table_tensor=table, slot_mapping=slot, positions=positions,
+                seq_lens_cpu_upper_bound=seq_lens, is_prefilling=prefilling,
             )  # fmt: skip
             md = builder.build(0, common)
             metadata.update(dict.fromkeys(names, md))
@@ -329,7 +393,7 @@ class VLLMEngine(Engine):
 
         st: _State = model._dooly_vllm
         for name, layer in st.layers.items():
-            layer.kv_cache = inputs["kv_caches"][name]  # what vLLM's bind_kv_cache does
+            layer.bind_kv_cache(inputs["kv_caches"][name])  # as vLLM binds them (a state layer unpacks its bytes)
         r, t, _ = inputs["shape"]
         with torch.no_grad(), set_current_vllm_config(st.vllm_config), set_forward_context(
             inputs["attn_metadata"], st.vllm_config, num_tokens=r * t, slot_mapping=inputs["slot_mapping"]
@@ -349,7 +413,7 @@ class VLLMEngine(Engine):
         caches, tables = dict(inputs["kv_caches"]), list(inputs["block_tables"])
         for g, (spec, names, _) in enumerate(st.groups):
             old = tables[g]
-            per_seq = (k + 1 + spec.block_size - 1) // spec.block_size
+            per_seq = _blocks_per_seq(spec, k + 1)
             if per_seq <= old.shape[1]:
                 continue
             new = torch.arange(r * per_seq, dtype=torch.int32).view(r, per_seq)

@@ -92,10 +92,34 @@ def _define() -> None:
     lib.impl("cpu_attention_with_kv_cache", attention, "CPU")
     for name in ("onednn_mm", "cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
         torch.library.register_fake(f"dooly_vllm::{name}", lambda *a, **k: None, lib=lib)  # they only write
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("_C::rotary_embedding", "Meta"):
+    if not _has_fake("_C::rotary_embedding"):
         # vLLM's rotary embedding rotates query and key in place; its fake has nothing to compute
         torch.library.register_fake("_C::rotary_embedding", lambda *a, **k: None)
+    if hasattr(torch.ops._C, "causal_conv1d_weight_pack") and not _has_fake("_C::causal_conv1d_weight_pack"):
+        # the CPU conv-weight prepack (called at load for bf16 [dim, 4] weights only) keeps shape and dtype
+        torch.library.register_fake("_C::causal_conv1d_weight_pack", lambda w: torch.empty_like(w).contiguous())
     _LIB = lib
+
+
+def _has_fake(name: str) -> bool:
+    from torch._library.simple_registry import singleton
+
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta") or singleton.find(name).fake_impl.kernel)
+
+
+def fake_layer_ops() -> None:
+    """No-op fakes for vLLM's opaque layer ops that have none (an SSM mixer, the latent attention): each returns
+    nothing and only writes into an output the caller allocated, so its fake has nothing to compute. Called after a
+    model is built, when its modules (which register these ops on import) are loaded."""
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("vllm::") or _has_fake(name):
+            continue
+        op = getattr(getattr(torch.ops.vllm, name.removeprefix("vllm::")), "default", None)
+        if op is None:
+            continue
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+        if not op._schema.returns and writes:
+            torch.library.register_fake(name, lambda *a, **k: None)
 
 
 @functools.cache
@@ -199,4 +223,4 @@ def install() -> None:
     ops.cpu_attn_get_scheduler_metadata = scheduler_metadata
 
 
-__all__ = ["install"]
+__all__ = ["fake_layer_ops", "install"]
