@@ -29,6 +29,7 @@ from tracesynth.constraints.rules import (
     symbol_name,
 )
 from tracesynth.events import MAX_ERRNO
+from tracesynth.kernel import CLOSED
 from tracesynth.trace import Trace
 
 DESCRIPTIONS = {
@@ -104,29 +105,20 @@ class TraceArrays:
         """(order, seg, next_switch): events with a CPU sorted by (cpu, index); segment id of each
         sorted position; original index of the switch that ends the segment (n if none)."""
         c = self.c
+        k = c.kernel
         valid = self.cpu >= 0
         idx = np.flatnonzero(valid)
         order = idx[np.argsort(_small_codes(self.cpu[idx]), kind="stable")]
         cpu_s = self.cpu[order]
-        ev_s = self.ev[order]
-        sw = ev_s == c.switch_code if c.switch_code >= 0 else np.zeros(len(order), bool)
-        if c.sched_convention == "prev" and c.process_exit_code >= 0:
-            # a thread's exit ends its stay too (a recorder that follows only some tasks may miss
-            # the dead task's last switch)
-            sw |= ev_s == c.process_exit_code
+        sw = k.closes[self.ev[order]]  # the events that end a stay ("prev") or hand the CPU over ("next")
         new_cpu = np.ones(len(order), dtype=bool)
         new_cpu[1:] = cpu_s[1:] != cpu_s[:-1]
-        start = new_cpu.copy()
-        if c.sched_convention == "prev":
-            start[1:] |= sw[:-1]  # a switch closes its segment (it is the outgoing thread's)
-        else:
-            start |= sw  # a switch opens its segment (it is the incoming thread's)
-        seg = np.cumsum(start) - 1
+        seg = np.cumsum(k.segment_starts(self.ev[order], new_cpu)) - 1
         # original index of the next switch at-or-after ("prev") / after ("next") each position,
         # within the same CPU: reverse running minimum of keys offset by the CPU's rank
         n = self.n
         rank = np.cumsum(new_cpu) - 1
-        if c.sched_convention == "prev":
+        if k.prev:
             val = np.where(sw, order, n)
         else:
             nxt = np.full(len(order), n, dtype=np.int64)
@@ -140,7 +132,7 @@ class TraceArrays:
     def syscall_prev(self) -> tuple[np.ndarray, np.ndarray]:
         """Indices of paired syscall events with a thread, and each one's previous such event."""
         c = self.c
-        m = (c.is_entry[self.ev] | c.is_exit[self.ev]) & (self.tid >= 0)
+        m = c.kernel.is_syscall[self.ev] & (self.tid >= 0)
         idx = np.flatnonzero(m)
         prev = _prev_in_group(self.tid[idx], np.ones(len(idx), bool))
         return idx, np.where(prev >= 0, idx[np.maximum(prev, 0)], -1)
@@ -296,26 +288,20 @@ def _comm_value(a: TraceArrays) -> Found:
 def _syscall_pairing(a: TraceArrays) -> Found:
     """found: the event; expected: the exit code of the open call (entry while open, wrong exit),
     or -1 for an exit with no open entry."""
-    c = a.c
+    k = a.c.kernel
     idx, prev = a.syscall_prev
-    has = prev >= 0
     e = a.ev[idx]
-    pe = np.where(has, a.ev[np.maximum(prev, 0)], 0)
-    p_entry = has & c.is_entry[pe]
-    p_exit = has & c.is_exit[pe]
-    is_exit = c.is_exit[e]
-    wrong_exit = is_exit & p_entry & (c.call_of[e] != c.call_of[pe])
-    orphan = is_exit & p_exit
-    reentry = ~is_exit & p_entry
-    bad = wrong_exit | orphan | reentry
-    expected = np.where(orphan, _NONE, c.exit_of_call[np.maximum(c.call_of[pe], 0)])
+    state = k.state_before(a.ev[np.maximum(prev, 0)], prev >= 0)  # what the thread's previous syscall event left
+    bad = ~k.allows(state, e)
+    orphan = state == CLOSED
+    expected = np.where(orphan, _NONE, k.expected_exit(state))
     return Found("syscall.pairing", idx[bad], e[bad], expected[bad], {"kind": np.where(orphan, 1, 0)[bad]})
 
 
 def _sched_consistency(a: TraceArrays) -> Found:
     """expected: the thread that owns the CPU segment (its most frequent tid)."""
     c = a.c
-    if c.switch_code < 0:
+    if c.kernel.switch < 0:
         return _empty("sched.consistency")
     order, seg, _ = a.cpu_segments
     tid = a.tid[order]
@@ -357,7 +343,7 @@ def thread_current_until(a: TraceArrays) -> np.ndarray:
 def _one_cpu(a: TraceArrays) -> Found:
     """found: the CPU the thread appears on; expected: the CPU where it is still current."""
     c = a.c
-    if c.switch_code < 0:  # without sched_switch nothing says when a thread stops being current
+    if c.kernel.switch < 0:  # without sched_switch nothing says when a thread stops being current
         return _empty("sched.one_cpu")
     prev = a.thread_prev
     i = np.flatnonzero(prev >= 0)
@@ -382,7 +368,7 @@ def _monotonic(a: TraceArrays) -> Found:
 
 
 def _ret_errno(a: TraceArrays) -> Found:
-    bad = np.flatnonzero(a.c.is_syscall_exit[a.ev] & a.has_ret & (a.ret < -MAX_ERRNO))
+    bad = np.flatnonzero(a.c.kernel.bad_return(a.ev, a.has_ret, a.ret))
     return Found("ret.errno", bad, a.ret[bad], a.ev[bad])
 
 
@@ -442,9 +428,9 @@ def rule_contexts(a: TraceArrays, rule: str) -> tuple[np.ndarray, np.ndarray]:
     if rule == "syscall.pairing":
         i = a.syscall_prev[0]
     elif rule in ("sched.consistency", "sched.one_cpu"):
-        i = np.flatnonzero((a.cpu >= 0) & (a.tid >= 0)) if c.switch_code >= 0 else np.zeros(0, np.int64)
+        i = np.flatnonzero((a.cpu >= 0) & (a.tid >= 0)) if c.kernel.switch >= 0 else np.zeros(0, np.int64)
     elif rule == "ret.errno":
-        i = np.flatnonzero(c.is_syscall_exit[a.ev] & a.has_ret)
+        i = np.flatnonzero(c.kernel.is_syscall_exit[a.ev] & a.has_ret)
     else:
         i = np.arange(n, dtype=np.int64)
     return i, np.zeros(len(i), dtype=np.int64)
@@ -497,7 +483,7 @@ def _describe(a: TraceArrays, f: Found, j: int) -> tuple[str, str]:
         where = f"(tid {a.tid[i]})"
         if int(f.extra["kind"][j]) == 1:
             return f"{c.names[fv]} {where} with no open entry", "an entry of the same call first"
-        if c.is_exit[fv]:
+        if c.kernel.is_exit[fv]:
             return f"{c.names[fv]} {where}", c.names[ev]
         return f"{c.names[fv]} {where} while a call is open", f"{c.names[ev]} first"
     if r == "sched.consistency":

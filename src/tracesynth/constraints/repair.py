@@ -182,8 +182,8 @@ def _fix_pairing(s: _State, fixes: Counter[str], rng: np.random.Generator, inser
     if _hand_over_orphans(s, f):
         f = DETECTORS["syscall.pairing"](s.arrays())
     kind = f.extra["kind"]
-    wrong_exit = (kind == 0) & c.is_exit[f.found]
-    reentry = (kind == 0) & ~c.is_exit[f.found]
+    wrong_exit = (kind == 0) & c.kernel.is_exit[f.found]
+    reentry = (kind == 0) & ~c.kernel.is_exit[f.found]
     orphan = kind == 1
     # a wrong exit becomes the exit of the call that is open
     i = f.idx[wrong_exit]
@@ -240,13 +240,13 @@ def _hand_over_orphans(s: _State, f: Found, look_back: int = 8) -> int:
     nxt = np.full(s.n, s.n, dtype=np.int64)  # each syscall event's thread's next syscall event
     has = prev >= 0
     nxt[prev[has]] = idx[has]
-    entries = idx[c.is_entry[s.ev[idx]]]
+    entries = idx[c.kernel.is_entry[s.ev[idx]]]
     closes = nxt[entries]
-    entries = entries[(closes == s.n) | ~c.is_exit[s.ev[np.minimum(closes, s.n - 1)]]]
+    entries = entries[(closes == s.n) | ~c.kernel.is_exit[s.ev[np.minimum(closes, s.n - 1)]]]
     if not len(entries):
         return 0
     # entries grouped by call, in time order inside each call
-    key_e = c.call_of[s.ev[entries]] * (s.n + 1) + entries
+    key_e = c.kernel.call_of[s.ev[entries]] * (s.n + 1) + entries
     srt = np.argsort(key_e)
     key_e, entries = key_e[srt], entries[srt]
     # each thread's events in time order, to find a thread's last event before a given index
@@ -254,7 +254,7 @@ def _hand_over_orphans(s: _State, f: Found, look_back: int = 8) -> int:
     tid_codes, tid_of = np.unique(s.tid[with_tid], return_inverse=True)
     key_t = np.sort(tid_of * (s.n + 1) + with_tid)
     until = thread_current_until(a)
-    call = c.call_of[s.ev[orphan]]
+    call = c.kernel.call_of[s.ev[orphan]]
     pos = np.searchsorted(key_e, call * (s.n + 1) + orphan)  # first entry of the call at/after the orphan
     pick = np.full(len(orphan), -1, dtype=np.int64)
     last = np.full(len(orphan), -1, dtype=np.int64)
@@ -319,14 +319,14 @@ def _fix_transitions(s: _State, fixes: Counter[str], rng: np.random.Generator) -
     separates = _separates_threads(a)
     # a syscall event that pairs correctly is the skeleton the pairing fix built: resample its
     # predecessor instead when that one is free to change
-    sys_ev = (c.is_entry[s.ev] | c.is_exit[s.ev]) & (s.tid >= 0)
+    sys_ev = c.kernel.is_syscall[s.ev] & (s.tid >= 0)
     pred = np.full(s.n, -1, dtype=np.int64)
     pred[fg.idx] = fg.idx - 1
     only_t = np.setdiff1d(ft.idx, fg.idx)
     pred[only_t] = tprev[only_t]
     swap = sys_ev[bad] & (pred[bad] >= 0) & ~sys_ev[np.maximum(pred[bad], 0)]
     # a swapped predecessor must be one the thread's next event may follow
-    non_sys = ~(c.is_entry | c.is_exit)
+    non_sys = ~c.kernel.is_syscall
     t_follow = np.full(s.n, -1, dtype=np.int64)
     t_follow[pred[bad][swap]] = s.ev[bad[swap]]
     bad = np.unique(np.where(swap, pred[bad], bad))
@@ -402,7 +402,7 @@ def _insert_missing(s: _State, fixes: Counter[str], rng: np.random.Generator) ->
         ok[:, c.n_known :] = False
         # an inserted syscall event on a thread would break the pairing the pairing fix just built
         # (and that fix would insert again: the two would grow the trace round after round)
-        ok &= np.where((s.tid[i] >= 0)[:, None], ~(c.is_entry | c.is_exit)[None, :], True)
+        ok &= np.where((s.tid[i] >= 0)[:, None], ~c.kernel.is_syscall[None, :], True)
         w = (
             ok
             * (np.where(has_t[:, None], c.t_weight[tp], c.g_weight[gp]) + 1e-9)
@@ -476,7 +476,7 @@ def _fix_cpus(s: _State, fixes: Counter[str], rng: np.random.Generator, insert: 
     # the outgoing thread, one inserted sched_switch on the old CPU ends its stay there (one edit);
     # otherwise it moves back there, walking along its events until the old segment ends
     f1 = DETECTORS["sched.one_cpu"](s.arrays())
-    if insert and len(f1.idx) and c.sched_convention == "prev" and c.switch_code >= 0:
+    if insert and len(f1.idx) and c.kernel.prev and c.kernel.switch >= 0:
         fixes["sched.one_cpu"] += len(f1.idx)
         _insert_switches(s, f1.idx, f1.idx, rng, cpu=f1.expected)
     # (a bounded walk: what is left goes to the next round; the fallback drops such events instead)
@@ -511,7 +511,7 @@ def _cheaper_splits(a: TraceArrays, fs: Found) -> tuple[np.ndarray, np.ndarray, 
     whose thread switches out there, mask of violations left to retagging)."""
     c = a.c
     none = np.zeros(0, np.int64)
-    if c.switch_code < 0:
+    if c.kernel.switch < 0:
         return none, none, np.ones(len(fs.idx), bool)
     order, seg, _ = a.cpu_segments
     valid = a.tid[order] >= 0
@@ -536,8 +536,8 @@ def _insert_switches(
     event's CPU (or `cpu`), carried by the thread the convention puts on it (the outgoing one for
     "prev", the incoming one for "next")."""
     c = s.c
-    owner = outgoing if c.sched_convention == "prev" else before
-    ev = np.full(len(before), c.switch_code, dtype=np.int64)
+    owner = c.kernel.switch_carrier(outgoing, before)
+    ev = np.full(len(before), c.kernel.switch, dtype=np.int64)
     ret, has_ret = _sample_ret_for(c, ev, rng)
     rows = {
         "ev": ev,
@@ -629,12 +629,12 @@ def repair_trace(
 def _separates_threads(a: TraceArrays) -> np.ndarray:
     """Per event: a sched_switch whose thread differs from that of the next event on its CPU."""
     out = np.zeros(a.n, dtype=bool)
-    if a.c.switch_code < 0 or not a.n:
+    if a.c.kernel.switch < 0 or not a.n:
         return out
     order = a.cpu_segments[0]  # events with a CPU by (cpu, index), as the sched rules read them
     same = a.cpu[order][1:] == a.cpu[order][:-1]
     cur, nxt = order[:-1][same], order[1:][same]
-    out[cur] = (a.ev[cur] == a.c.switch_code) & (a.tid[cur] >= 0) & (a.tid[nxt] >= 0) & (a.tid[cur] != a.tid[nxt])
+    out[cur] = (a.ev[cur] == a.c.kernel.switch) & (a.tid[cur] >= 0) & (a.tid[nxt] >= 0) & (a.tid[cur] != a.tid[nxt])
     return out
 
 
@@ -648,11 +648,11 @@ def _fallback_victims(s: _State) -> np.ndarray:
     sys_idx, sys_prev = a.syscall_prev
     open_entry = np.full(s.n, -1, dtype=np.int64)
     has = sys_prev >= 0
-    open_entry[sys_idx[has]] = np.where(c.is_entry[s.ev[sys_prev[has]]], sys_prev[has], -1)
+    open_entry[sys_idx[has]] = np.where(c.kernel.is_entry[s.ev[sys_prev[has]]], sys_prev[has], -1)
     fp = found["syscall.pairing"]
     stale = open_entry[fp.idx]
     parts.append(np.where(fp.extra.get("kind", np.zeros(0, np.int64)) == 1, fp.idx, stale))
-    parts.append(fp.idx[(stale >= 0) & c.is_exit[s.ev[fp.idx]]])  # a wrong exit goes with its entry
+    parts.append(fp.idx[(stale >= 0) & c.kernel.is_exit[s.ev[fp.idx]]])  # a wrong exit goes with its entry
     tprev = a.thread_prev
     separates = _separates_threads(a)
     for rule, pred_of in (("transition.global", lambda i: i - 1), ("transition.thread", lambda i: tprev[i])):
@@ -660,7 +660,7 @@ def _fallback_victims(s: _State) -> np.ndarray:
         p = pred_of(i)
         # an open call's entry goes rather than what follows it; so does what precedes a switch between two
         # threads' runs (dropping the switch would merge them)
-        parts.append(np.where((p >= 0) & (c.is_entry[s.ev[np.maximum(p, 0)]] | separates[i]), p, i))
+        parts.append(np.where((p >= 0) & (c.kernel.is_entry[s.ev[np.maximum(p, 0)]] | separates[i]), p, i))
     return np.unique(np.concatenate(parts + [np.zeros(0, np.int64)]))
 
 

@@ -49,7 +49,8 @@ import numpy as np
 
 from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
-from tracesynth.events import IDLE_TID, MAX_ERRNO, SCHED_PROCESS_EXIT, SCHED_SWITCH, SYSCALL_ENTRY, SYSCALL_EXIT
+from tracesynth.events import IDLE_TID, MAX_ERRNO
+from tracesynth.kernel import EventTables, KernelFacts
 
 FORMAT = "tracesynth-rules"
 VERSION = 3
@@ -262,15 +263,7 @@ class Compiled:
     cpu_tid_allowed: np.ndarray  # [len(cpu_tids), n_cpus] bool
     cpu_tid_weight: np.ndarray
     # invariants
-    is_entry: np.ndarray  # [V] bool (paired syscall entries only)
-    is_exit: np.ndarray
-    is_syscall_exit: np.ndarray  # [V] bool: every syscall exit, paired or not (errno range)
-    call_of: np.ndarray  # [V] int call id (-1 for non-syscalls); entry and exit of X share it
-    entry_of_call: np.ndarray  # [n_calls] event code of the entry
-    exit_of_call: np.ndarray
-    switch_code: int  # -1 when the rules know no sched_switch
-    process_exit_code: int  # -1 when the rules know no sched_process_exit
-    sched_convention: str  # "prev": a switch closes its segment; "next": it opens one
+    kernel: EventTables  # the kernel's rules over this vocabulary (tracesynth.kernel)
     one_cpu_exempt: np.ndarray  # sorted tids (the idle task's 0 always)
     view: str = "enforced"  # "advisory": the *_enforced flags and forbid matrices are the advisory ones
 
@@ -330,7 +323,7 @@ def compile_rules(rules: Rules, trace_events: list[str], trace_comms: list[str],
         **_compile_ret(d["values"]["ret"], index, V, view),
         **_compile_comm(d["values"]["comm"], index, cindex, V, C, view),
         **_compile_cpu_tid(d["cpu"]["tid"], n_cpus, view),
-        **_compile_invariants(d, names, index),
+        **_compile_invariants(d, names),
         view=view,
     )
 
@@ -461,37 +454,15 @@ def _compile_cpu_tid(section: dict[str, Any], n_cpus: int, view: str) -> dict[st
     }
 
 
-def _compile_invariants(d: dict[str, Any], names: list[str], index: dict[str, int]) -> dict[str, Any]:
-    """Syscall entry/exit codes of each call (calls that never return are left out) and the
-    details the data decided for the invariants; invariants are always enforced."""
-    V = len(names)
+def _compile_invariants(d: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The kernel's tables over the vocabulary (tracesynth.kernel: syscall pairing, sched convention) and the
+    threads exempt from sched.one_cpu, as the data decided them; invariants are always enforced."""
     inv = d["invariants"]
-    unpaired = set(inv["syscall_pairing"].get("unpaired_calls", []))
-    is_entry = np.zeros(V, dtype=bool)
-    is_exit = np.zeros(V, dtype=bool)
-    is_any_exit = np.array([n.startswith(SYSCALL_EXIT) for n in names], dtype=bool)
-    call_of = np.full(V, -1, dtype=np.int64)
-    calls: dict[str, int] = {}
-    for i, n in enumerate(names):
-        for prefix, flag in ((SYSCALL_ENTRY, is_entry), (SYSCALL_EXIT, is_exit)):
-            if n.startswith(prefix) and n[len(prefix) :] not in unpaired:
-                flag[i] = True
-                call_of[i] = calls.setdefault(n[len(prefix) :], len(calls))
-    entry_of_call = np.full(len(calls), -1, dtype=np.int64)
-    exit_of_call = np.full(len(calls), -1, dtype=np.int64)
-    entry_of_call[call_of[is_entry]] = np.flatnonzero(is_entry)
-    exit_of_call[call_of[is_exit]] = np.flatnonzero(is_exit)
+    # a sched_switch counts only where the rules know one (not where only the trace shows it)
+    k = EventTables.of(names, KernelFacts.from_invariants(inv), n_sched=len(d["events"]))
     exempt = {IDLE_TID} | {int(t) for t in inv["one_cpu"].get("exempt_tids", [])}
     return {
-        "is_entry": is_entry,
-        "is_exit": is_exit,
-        "is_syscall_exit": is_any_exit,
-        "call_of": call_of,
-        "entry_of_call": entry_of_call,
-        "exit_of_call": exit_of_call,
-        "switch_code": index[SCHED_SWITCH] if SCHED_SWITCH in d["events"] else -1,
-        "process_exit_code": index[SCHED_PROCESS_EXIT] if SCHED_PROCESS_EXIT in d["events"] else -1,
-        "sched_convention": str(inv["sched_consistency"].get("convention", "prev")),
+        "kernel": k,
         "one_cpu_exempt": np.array(sorted(exempt), dtype=np.int64),
     }
 

@@ -38,6 +38,7 @@ from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 from tracesynth.events import IDLE_TID
 from tracesynth.integrity import HASHES, file_hashes, verify_hashes
+from tracesynth.kernel import EventTables, KernelFacts, KernelState
 from tracesynth.trace import Trace
 from tracesynth.vocab import Vocab
 
@@ -92,7 +93,7 @@ class MarkovChain:
             raise TraceSynthError(f"Markov order must be >= 1, got {order}")
         self.order = int(order)
         self.name = f"markov{self.order}"
-        self.kernel: Any = None  # tracesynth.guide.KernelFacts, mined at fit time (for guide="kernel")
+        self.kernel: KernelFacts | None = None  # mined at fit time (for guide="kernel")
         self._fitted = False
 
     # -- fitting --------------------------------------------------------------------------------
@@ -109,45 +110,13 @@ class MarkovChain:
         if self._base**self.order >= 2**62:
             raise TraceSynthError(f"Markov order {self.order} too high for {V} event types")
 
-        ev_all, prev_all, dt_all, key_all, thread_all, ret_all, same_all = [], [], [], [], [], [], []
-        ctx_keys: list[list[np.ndarray]] = [[] for _ in range(self.order + 1)]
-        ctx_next: list[list[np.ndarray]] = [[] for _ in range(self.order + 1)]
         tid_map: dict[int, int] = {}
-        for t in traces:
-            ev = events.lookup(*t.codes("event"))
-            n = len(ev)
-            # context of order j for position i: events i-j..i-1 as base-(V+1) digits (0 pads the start)
-            padded = np.concatenate([np.zeros(self.order, dtype=np.int64), ev + 1])
-            for j in range(self.order + 1):
-                key = np.zeros(n, dtype=np.int64)
-                for d in range(j, 0, -1):  # oldest digit first: the most recent event is the lowest digit
-                    key = key * self._base + padded[self.order - d : self.order - d + n]
-                ctx_keys[j].append(key)
-                ctx_next[j].append(ev)
-            ts = t.ts
-            dt = np.diff(ts, prepend=ts[0]).astype(np.int64)
-            prev = np.concatenate([[-1], ev[:-1]])
-            ev_all.append(ev)
-            prev_all.append(prev)
-            dt_all.append(dt[1:] if n > 1 else dt[:0])
-            key_all.append((prev * V + ev)[1:])
-            cpu = t.numeric("cpu")
-            tid_raw = t.numeric("tid")
-            for x in np.unique(tid_raw):  # relabel threads 1..N (by id, across traces): no real id leaks;
-                if x >= 0 and int(x) not in tid_map:  # the idle task stays 0 (it is every CPU's, and exempt)
-                    tid_map[int(x)] = 0 if x == IDLE_TID else len(tid_map) + 1 - (IDLE_TID in tid_map)
-            tid = np.full(n, -1, dtype=np.int64)
-            if tid_map:
-                lut_keys = np.asarray(sorted(tid_map), dtype=np.int64)
-                lut_vals = np.asarray([tid_map[int(k)] for k in lut_keys], dtype=np.int64)
-                pos = np.clip(np.searchsorted(lut_keys, tid_raw), 0, len(lut_keys) - 1)
-                tid = np.where(tid_raw >= 0, lut_vals[pos], -1)
-            comm = comms.lookup(*t.codes("comm"))
-            thread = np.stack([cpu, tid, comm], axis=1)
-            thread_all.append(thread)
-            same = np.concatenate([[False], np.all(thread[1:] == thread[:-1], axis=1)])
-            same_all.append(same)
-            ret_all.append(t.numeric("ret", fill=np.iinfo(np.int64).min))
+        cols = [self._columns(t, events, comms, tid_map) for t in traces]
+        ev_all = [c["ev"] for c in cols]
+        ctx_keys = [[c["ctx"][j] for c in cols] for j in range(self.order + 1)]
+        ctx_next = [ev_all for _ in range(self.order + 1)]
+        dt_all, key_all = [c["dt"] for c in cols], [c["key"] for c in cols]
+        thread_all, same_all, ret_all = [c["thread"] for c in cols], [c["same"] for c in cols], [c["ret"] for c in cols]
 
         ev = np.concatenate(ev_all)
         self._unigram = np.bincount(ev, minlength=V).astype(np.float64)
@@ -175,12 +144,47 @@ class MarkovChain:
         # return values (sentinel = null)
         ret = np.concatenate(ret_all)
         self._ret = _subsample(ev, ret, _MAX_SAMPLES, rng)
-        from tracesynth.guide import KernelFacts  # on use: the guide module imports torch
+        from tracesynth.guide import mine_kernel_facts  # on use: the guide module imports torch
 
-        self.kernel = KernelFacts.mine(traces)
+        self.kernel = mine_kernel_facts(traces)
         self._build_samplers()
         self._fitted = True
         return self
+
+    def _columns(self, t: Trace, events: Vocab, comms: Vocab, tid_map: dict[int, int]) -> dict[str, Any]:
+        """One trace's columns as the tables count them; threads get the next labels of `tid_map`."""
+        ev = events.lookup(*t.codes("event"))
+        n, V = len(ev), len(self.vocab)
+        # context of order j for position i: events i-j..i-1 as base-(V+1) digits (0 pads the start)
+        padded = np.concatenate([np.zeros(self.order, dtype=np.int64), ev + 1])
+        ctx = []
+        for j in range(self.order + 1):
+            key = np.zeros(n, dtype=np.int64)
+            for d in range(j, 0, -1):  # oldest digit first: the most recent event is the lowest digit
+                key = key * self._base + padded[self.order - d : self.order - d + n]
+            ctx.append(key)
+        dt = np.diff(t.ts, prepend=t.ts[0]).astype(np.int64)
+        prev = np.concatenate([[-1], ev[:-1]])
+        tid_raw = t.numeric("tid")
+        for x in np.unique(tid_raw):  # relabel threads 1..N (by id, across traces): no real id leaks;
+            if x >= 0 and int(x) not in tid_map:  # the idle task stays 0 (it is every CPU's, and exempt)
+                tid_map[int(x)] = 0 if x == IDLE_TID else len(tid_map) + 1 - (IDLE_TID in tid_map)
+        tid = np.full(n, -1, dtype=np.int64)
+        if tid_map:
+            lut_keys = np.asarray(sorted(tid_map), dtype=np.int64)
+            lut_vals = np.asarray([tid_map[int(k)] for k in lut_keys], dtype=np.int64)
+            pos = np.clip(np.searchsorted(lut_keys, tid_raw), 0, len(lut_keys) - 1)
+            tid = np.where(tid_raw >= 0, lut_vals[pos], -1)
+        thread = np.stack([t.numeric("cpu"), tid, comms.lookup(*t.codes("comm"))], axis=1)
+        return {
+            "ev": ev,
+            "ctx": ctx,
+            "dt": dt[1:] if n > 1 else dt[:0],
+            "key": (prev * V + ev)[1:],
+            "thread": thread,
+            "same": np.concatenate([[False], np.all(thread[1:] == thread[:-1], axis=1)]),
+            "ret": t.numeric("ret", fill=np.iinfo(np.int64).min),
+        }
 
     def _build_samplers(self) -> None:
         """Per-order dict: context key -> (next events, cumulative probabilities)."""
@@ -251,136 +255,19 @@ class MarkovChain:
         """The chain drawn event by event under the kernel invariants (sched consistency, one CPU per thread,
         syscall pairing): each event as the chain draws it, placed on a CPU and thread where it breaks none;
         redrawn (masked) only where no such place exists."""
-        from tracesynth.guide import CLOSED, NEVER, EventTables, KernelFacts
-
-        facts = self.kernel or KernelFacts()
-        V, base, mod = len(self.vocab), self._base, self._base**self.order
-        tables = EventTables.of(self.vocab, facts)
-        is_entry, is_exit, call_of, exit_of_call = tables.is_entry, tables.is_exit, tables.call_of, tables.exit_of_call
-        switch = tables.switch
-        prev_conv = facts.convention == "prev"
-        # events that end their thread's stay; under "next" a switch hands the CPU over instead (below)
-        closes = tables.closes & prev_conv
-        syscall = is_entry | is_exit
-        uni = self._unigram / self._unigram.sum()
-        uk, off, vals = self._thread_by_event  # dense per event type: where its (cpu, thread, comm) draws lie
-        lo, hi = np.zeros(V, np.int64), np.zeros(V, np.int64)
-        lo[uk], hi[uk] = off[:-1], off[1:]
-        threads = self._threads if len(self._threads) else np.full((1, 3), -1, np.int64)
-
-        masks: dict[int, np.ndarray | None] = {}
-
-        def allowed(state: int) -> np.ndarray | None:
-            """Events a thread may do next: inside a call only non-syscalls and its exit; after an exit no
-            exit; before its first syscall event anything (None). One mask per state, built once."""
-            if state not in masks:
-                if state == NEVER:
-                    masks[state] = None
-                elif state == CLOSED:
-                    masks[state] = ~is_exit
-                else:
-                    m = ~syscall
-                    if exit_of_call[state] >= 0:
-                        m[exit_of_call[state]] = True
-                    masks[state] = m
-            return masks[state]
-
-        def pick(p: np.ndarray) -> int:
-            return int(min(np.searchsorted(np.cumsum(p) / p.sum(), rng.random(), side="right"), len(p) - 1))
-
-        def masked_draw(key: int, m: np.ndarray) -> int:
-            """The longest context's next-event distribution with the events `m` forbids taken out."""
-            for nxt, cum in self._contexts(key):
-                p = np.diff(cum, prepend=0.0) * m[nxt]
-                if p.sum() > 0:
-                    return int(nxt[pick(p)])
-            p = uni * m
-            return pick(p if p.sum() > 0 else m / m.sum())
-
+        draw = _GuidedDraw(self, rng)
+        base, mod = self._base, self._base**self.order
         ev = np.empty(n, np.int64)
         out = np.empty((n, 3), np.int64)
         u, keep_u, pick_u = rng.random(n), rng.random(n), rng.random(n)
-        owner: dict[int, int] = {}  # cpu -> its current thread
-        where: dict[int, int] = {}  # thread -> the cpu where it is current (idle task not tracked)
-        open_call: dict[int, int] = {}  # thread -> open call id, CLOSED, or absent (NEVER)
-        comm_of: dict[int, int] = {}
-        cpus = sorted({int(c) for c in threads[:, 0] if c >= 0})
-        mix: dict[int, list[tuple[int, int]]] = {}  # event -> the (thread, comm) pairs it was seen with
-
-        def ok(t: int, e: int) -> bool:
-            """Whether thread t may do event e next (syscall pairing)."""
-            m = allowed(open_call.get(t, NEVER))
-            return m is None or bool(m[e])
-
-        def place(e: int, c: int, t: int, cm: int) -> tuple[int, int, int] | None:
-            """Where event e can happen: the drawn (cpu, thread) where the invariants allow it, else a CPU whose
-            current thread may do e, else a free CPU and a thread of e's mix current nowhere (None: nowhere)."""
-            cur = where.get(t) if t != IDLE_TID else None
-            if cur is not None:
-                if ok(t, e):
-                    return cur, t, cm  # a thread's events stay on the CPU where it is current
-            elif c not in owner:
-                if ok(t, e):
-                    return c, t, cm
-            elif ok(owner[c], e):
-                return c, owner[c], comm_of.get(owner[c], cm)  # a busy CPU's events are its current thread's
-            busy = [x for x, o in owner.items() if ok(o, e) and not (o == IDLE_TID and syscall[e])]
-            if busy:
-                x = busy[int(rng.random() * len(busy))]
-                return x, owner[x], comm_of.get(owner[x], cm)
-            free = [x for x in cpus if x not in owner]
-            if free:
-                if e not in mix:
-                    mix[e] = sorted({(int(r[1]), int(r[2])) for r in threads[vals[lo[e]:hi[e]]] if r[1] >= 0})
-                cands = [(th, co) for th, co in mix[e] if th not in where and th != IDLE_TID and ok(th, e)]
-                if cands:
-                    th, co = cands[int(rng.random() * len(cands))]
-                    return free[int(rng.random() * len(free))], th, co
-            return None
-
         key, last = 0, None
         for i in range(n):
-            nxt = self._context(key)
-            if nxt is None:
-                e = int(np.searchsorted(np.cumsum(uni), u[i], side="right").clip(0, V - 1))
-            else:
-                e = int(nxt[0][min(int(np.searchsorted(nxt[1], u[i], side="right")), len(nxt[0]) - 1)])
+            e = draw.event(key, u[i])
             if last is not None and keep_u[i] < self._p_same[e]:
                 c, t, cm = last
             else:
-                span = hi[e] - lo[e]
-                row = vals[lo[e] + int(pick_u[i] * span)] if span else 0
-                c, t, cm = (int(x) for x in threads[row])
-            # the event as the chain drew it, on a CPU and thread where the invariants allow it; only where no
-            # such place exists is the event redrawn (a "next"-convention switch keeps its drawn thread)
-            spot = place(e, c, t, cm) if c >= 0 and t >= 0 and not (e == switch and not prev_conv) else None
-            if spot is not None:
-                c, t, cm = spot
-            elif c >= 0 and t >= 0:
-                if t != IDLE_TID and where.get(t, c) != c:
-                    c = where[t]
-                elif not (e == switch and not prev_conv) and owner.get(c, t) != t:
-                    t = owner[c]
-                    cm = comm_of.get(t, cm)
-            if t >= 0:
-                m = allowed(open_call.get(t, NEVER))
-                if m is not None and not m[e]:
-                    e = masked_draw(key, m)
-                if is_entry[e]:
-                    open_call[t] = int(call_of[e])
-                elif is_exit[e]:
-                    open_call[t] = CLOSED
-                comm_of[t] = cm
-            if c >= 0 and t >= 0:
-                if closes[e]:
-                    owner.pop(c, None)
-                    where.pop(t, None)
-                else:
-                    if e == switch:  # "next" convention: the switch hands the CPU to its thread
-                        where.pop(owner.get(c, -1), None)
-                    owner[c] = t
-                    if t != IDLE_TID:
-                        where[t] = c
+                c, t, cm = draw.thread(e, pick_u[i])
+            e, c, t, cm = draw.settle(key, e, c, t, cm)
             ev[i], out[i] = e, (c, t, cm)
             last = (c, t, cm)
             key = (key * base + e + 1) % mod
@@ -457,8 +344,6 @@ class MarkovChain:
                 raise TraceSynthError("not a saved Markov chain (vocab/comms hold non-strings)", directory)
             self._base = len(self.vocab) + 1
             if meta.get("kernel") is not None:  # older saves have none: the guide then assumes the defaults
-                from tracesynth.guide import KernelFacts
-
                 self.kernel = KernelFacts.from_json(meta["kernel"])
             self._unigram, self._p_same, self._threads = arrays["unigram"], arrays["p_same"], arrays["threads"]
             self._tables = [
@@ -480,3 +365,98 @@ class MarkovChain:
             raise TraceSynthError(f"not a saved Markov chain ({type(exc).__name__}: {exc})", directory) from None
         self._fitted = True
         return self
+
+
+class _GuidedDraw:
+    """One guided sample's kernel state (tracesynth.kernel.KernelState) and how it places the chain's draws."""
+
+    def __init__(self, chain: MarkovChain, rng: np.random.Generator):
+        self.chain, self.rng = chain, rng
+        self.tables = EventTables.of(chain.vocab, chain.kernel or KernelFacts())
+        self.k = KernelState(self.tables)
+        self.uni = chain._unigram / chain._unigram.sum()
+        uk, off, self.vals = chain._thread_by_event  # dense per event type: where its (cpu, thread, comm) draws lie
+        V = len(chain.vocab)
+        self.lo, self.hi = np.zeros(V, np.int64), np.zeros(V, np.int64)
+        self.lo[uk], self.hi[uk] = off[:-1], off[1:]
+        self.threads = chain._threads if len(chain._threads) else np.full((1, 3), -1, np.int64)
+        self.cpus = sorted({int(c) for c in self.threads[:, 0] if c >= 0})
+        self.mix: dict[int, list[tuple[int, int]]] = {}  # event -> the (thread, comm) pairs it was seen with
+        self.comm_of: dict[int, int] = {}
+
+    def event(self, key: int, u: float) -> int:
+        """The chain's next event for a context (the unigram where no order saw it)."""
+        nxt = self.chain._context(key)
+        if nxt is None:
+            return int(np.searchsorted(np.cumsum(self.uni), u, side="right").clip(0, len(self.uni) - 1))
+        return int(nxt[0][min(int(np.searchsorted(nxt[1], u, side="right")), len(nxt[0]) - 1)])
+
+    def thread(self, e: int, u: float) -> tuple[int, int, int]:
+        """A (cpu, thread, comm) drawn from event e's mix."""
+        span = self.hi[e] - self.lo[e]
+        row = self.vals[self.lo[e] + int(u * span)] if span else 0
+        c, t, cm = (int(x) for x in self.threads[row])
+        return c, t, cm
+
+    def settle(self, key: int, e: int, c: int, t: int, cm: int) -> tuple[int, int, int, int]:
+        """The event as the chain drew it, on a CPU and thread where the invariants allow it; only where no such
+        place exists is the event redrawn (a "next"-convention switch keeps its drawn thread). Steps the state."""
+        k = self.k
+        keeps = e == self.tables.switch and not self.tables.prev
+        spot = self.place(e, c, t, cm) if c >= 0 and t >= 0 and not keeps else None
+        if spot is not None:
+            c, t, cm = spot
+        elif c >= 0 and t >= 0:
+            if t != IDLE_TID and k.where.get(t, c) != c:
+                c = k.where[t]
+            elif not keeps and k.owner.get(c, t) != t:
+                t = k.owner[c]
+                cm = self.comm_of.get(t, cm)
+        if t >= 0:
+            m = k.allowed(t)
+            if not m[e]:
+                e = self.masked_draw(key, m)
+            self.comm_of[t] = cm
+        k.step(e, c, t)
+        return e, c, t, cm
+
+    def place(self, e: int, c: int, t: int, cm: int) -> tuple[int, int, int] | None:
+        """Where event e can happen: the drawn (cpu, thread) where the invariants allow it, else a CPU whose
+        current thread may do e, else a free CPU and a thread of e's mix current nowhere (None: nowhere)."""
+        k, rng = self.k, self.rng
+        owner, where = k.owner, k.where
+        cur = where.get(t) if t != IDLE_TID else None
+        if cur is not None:
+            if k.may(t, e):
+                return cur, t, cm  # a thread's events stay on the CPU where it is current
+        elif c not in owner:
+            if k.may(t, e):
+                return c, t, cm
+        elif k.may(owner[c], e):
+            return c, owner[c], self.comm_of.get(owner[c], cm)  # a busy CPU's events are its current thread's
+        busy = [x for x, o in owner.items() if k.may(o, e) and not (o == IDLE_TID and self.tables.is_syscall[e])]
+        if busy:
+            x = busy[int(rng.random() * len(busy))]
+            return x, owner[x], self.comm_of.get(owner[x], cm)
+        free = [x for x in self.cpus if x not in owner]
+        if free:
+            if e not in self.mix:
+                rows = self.threads[self.vals[self.lo[e] : self.hi[e]]]
+                self.mix[e] = sorted({(int(r[1]), int(r[2])) for r in rows if r[1] >= 0})
+            cands = [(th, co) for th, co in self.mix[e] if th not in where and th != IDLE_TID and k.may(th, e)]
+            if cands:
+                th, co = cands[int(rng.random() * len(cands))]
+                return free[int(rng.random() * len(free))], th, co
+        return None
+
+    def masked_draw(self, key: int, m: np.ndarray) -> int:
+        """The longest context's next-event distribution with the events `m` forbids taken out."""
+        for nxt, cum in self.chain._contexts(key):
+            p = np.diff(cum, prepend=0.0) * m[nxt]
+            if p.sum() > 0:
+                return int(nxt[self.pick(p)])
+        p = self.uni * m
+        return self.pick(p if p.sum() > 0 else m / m.sum())
+
+    def pick(self, p: np.ndarray) -> int:
+        return int(min(np.searchsorted(np.cumsum(p) / p.sum(), self.rng.random(), side="right"), len(p) - 1))

@@ -34,7 +34,7 @@ from atomicio import atomic_path
 from tracesynth.bounds import SampleProgress, check_sample_size
 from tracesynth.channels import CHANNELS_2, CHANNELS_6, OTHER_NEGATIVE, UNKNOWN_EVENT, ChannelCodec
 from tracesynth.errors import TraceSynthError
-from tracesynth.guide import GUIDES, KernelFacts, KernelGuide
+from tracesynth.guide import GUIDES, KernelFacts, KernelGuide, mine_kernel_facts
 from tracesynth.integrity import HASHES, check_shapes, file_hashes, verify_hashes
 from tracesynth.optim import resolve_device, warmup_cosine
 from tracesynth.trace import Trace
@@ -395,7 +395,7 @@ class TokenModel:
                                   "checkpoint's (resume on the traces it was fitted on)")
         self._fit_gap_table(traces, rng)
         if self.guides:
-            self.kernel = KernelFacts.mine(traces)
+            self.kernel = mine_kernel_facts(traces)
         dev = resolve_device(cfg.device)
         data = {c: torch.from_numpy(v) for c, v in self.windows(traces).items()}
         self.seen = {c: torch.bincount(data[c].reshape(-1), minlength=v) > 0 for c, v in self.vocab.items()}
