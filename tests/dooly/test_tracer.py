@@ -225,9 +225,13 @@ HYBRID_SSM = {**_BASE, "model_type": "bamba", "mamba_n_heads": 4, "mamba_d_head"
               "attn_layer_indices": [1]}  # fmt: skip
 
 
-# the hybrid SSM's symbolic scan is the costliest trace here (~40 s a phase): decode runs in `make test-all`
+# the hybrid SSM's symbolic scan is the costliest trace here (40-70 s a phase): it runs in `make test-all`
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
-    ("arch", "phase"), [("mla", "decode"), ("ssm", "prefill"), pytest.param("ssm", "decode", marks=pytest.mark.slow)]
+    ("arch", "phase"), [("mla", "decode"), pytest.param("ssm", "prefill", marks=SLOW),
+                        pytest.param("ssm", "decode", marks=SLOW)]
 )
 def test_latent_attention_and_hybrid_ssm_match_a_real_eager_run(arch: str, phase: str) -> None:
     cfg = {"mla": MLA, "ssm": HYBRID_SSM}[arch]
