@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tracesynth.buckets import log2_bucket
 from tracesynth.errors import TraceSynthError
 from tracesynth.events import IDLE_TID
 from tracesynth.trace import Trace
@@ -297,11 +298,7 @@ def _gaps(ts: np.ndarray) -> np.ndarray:
 
 def _log2_bin(v: np.ndarray) -> np.ndarray:
     """floor(log2(v)) for positive int64 values, exactly (no float rounding near powers of two)."""
-    v = np.asarray(v, dtype=np.int64)
-    b = np.clip(np.floor(np.log2(np.maximum(v, 1).astype(np.float64))).astype(np.int64), 0, 62)  # int64 < 2**63
-    b = np.where((b > 0) & (np.left_shift(np.int64(1), np.clip(b, 0, 62)) > v), b - 1, b)
-    b = np.where((b < 62) & (np.left_shift(np.int64(1), np.clip(b + 1, 0, 62)) <= v), b + 1, b)
-    return np.clip(b, 0, N_POS_BINS - 1)
+    return np.clip(log2_bucket(v), 0, N_POS_BINS - 1)
 
 
 def _masked(values: np.ndarray, null: np.ndarray) -> Any:

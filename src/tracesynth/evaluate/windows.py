@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from tracesynth.buckets import log2_bucket
 from tracesynth.errors import TraceSynthError
 from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
@@ -66,8 +67,7 @@ def dt_bins(trace: Trace) -> np.ndarray:
     ts = trace.ts
     if not len(ts):
         return np.zeros(0, dtype=np.int64)
-    dt = np.diff(ts, prepend=ts[0]).astype(np.float64)
-    return np.clip(np.ceil(np.log2(np.maximum(dt, 1.0))).astype(np.int64) - 0, 0, N_DT_BINS - 1)
+    return np.clip(log2_bucket(np.diff(ts, prepend=ts[0]), up=True), 0, N_DT_BINS - 1)
 
 
 def make_windows(trace: Trace, vocab: Vocab, context: int = 128, stride: int = 1) -> Windows:

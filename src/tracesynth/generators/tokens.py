@@ -32,6 +32,7 @@ from torch import nn
 
 from atomicio import atomic_path
 from tracesynth.bounds import SampleProgress, check_sample_size
+from tracesynth.buckets import log2_bucket
 from tracesynth.channels import CHANNELS_2, CHANNELS_6, OTHER_NEGATIVE, UNKNOWN_EVENT, ChannelCodec
 from tracesynth.errors import TraceSynthError
 from tracesynth.guide import GUIDES, KernelFacts, KernelGuide, mine_kernel_facts
@@ -172,8 +173,7 @@ def _first_line(exc: BaseException) -> str:
 def dt_bucket(gaps_ns: np.ndarray) -> np.ndarray:
     """Quarter-octave bucket of each gap: 0 for a zero gap, then 1 + floor(4 * log2(gap))."""
     g = np.asarray(gaps_ns, dtype=np.float64)
-    b = 1 + np.floor(DT_PER_OCTAVE * np.log2(np.maximum(g, 1.0))).astype(np.int64)
-    return np.where(g <= 0, 0, np.clip(b, 1, N_DT - 1))
+    return np.where(g <= 0, 0, np.clip(1 + log2_bucket(g, DT_PER_OCTAVE), 1, N_DT - 1))
 
 
 def _gaps(ts: np.ndarray) -> np.ndarray:
