@@ -12,9 +12,12 @@ threads are derived from sched_switch. Then, each in a fresh subprocess, at two 
 - `read_lttng`: the whole reader, building the Trace table, with the native decoder (the default);
   `read_lttng-bt2`: the same over the babeltrace2 text path.
 
-Each is run --repeats times; the medians are printed.
+Each is run --repeats times; the medians are printed. The native modes load numba (about a
+second and 150 MB per process); on a fresh checkout the first run also compiles the core (about
+10 s, then cached under src/tracesynth/io/ctf/__pycache__), which the median of 3 leaves out.
 
-For each: wall-clock events/s, the ratio to babeltrace2's wall rate measured in the same run, CPU
+For each: wall-clock events/s, its ratio to babeltrace2's wall rate (`vs bt2`) and to the dummy
+sink's (`vs dummy`) measured in the same run, CPU
 seconds (ours and babeltrace2's child process), and peak RSS (VmHWM) of the Python process. The machine's
 2 cores are shared, so wall rates move with the load; `cpu-bound` is events / max(our CPU,
 babeltrace2's CPU): the rate when the pipeline's two processes each have a core.
@@ -136,23 +139,27 @@ def main() -> None:
     src = "tiled ../shared/traces/lttng-wget-kernel" if WGET.exists() else "synthetic"
     print(f"source: {src}; context fields: {'tid, procname' if args.context else 'none (derived)'}; work dir {work}")
     print(
-        f"{'events':>10} {'size MB':>8} {'mode':>14} {'wall s':>7} {'events/s':>10} {'vs bt2':>7} "
+        f"{'events':>10} {'size MB':>8} {'mode':>14} {'wall s':>7} {'events/s':>10} {'vs bt2':>7} {'vs dummy':>8} "
         f"{'our CPU s':>9} {'bt2 CPU s':>9} {'cpu-bound ev/s':>14} {'peak RSS MB':>11}"
     )
+    rss: dict[str, list[tuple[int, float]]] = {}
     try:
         for n in args.events:
             path = work / f"trace-{n}"
             n = build_trace(path, n, args.context)
             size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
-            ref = None
+            runs = {}
             for mode in MODES:
-                r = measure(mode, path, args.repeats)
+                runs[mode] = measure(mode, path, args.repeats)
+            ref = {m: n / runs[m]["wall"] for m in ("babeltrace2", "bt2-dummy")}
+            for mode, r in runs.items():
                 rate = n / r["wall"]
-                if mode == "babeltrace2":
-                    ref = rate
+                rss.setdefault(mode, []).append((n, r["rss_mb"]))
                 bound = n / max(r["cpu"], r["child_cpu"])
+                vs_bt2, vs_dummy = rate / ref["babeltrace2"], rate / ref["bt2-dummy"]
                 print(
-                    f"{n:>10,} {size:>8.1f} {mode:>14} {r['wall']:>7.2f} {rate:>10,.0f} {rate / (ref or rate):>7.2f} "
+                    f"{n:>10,} {size:>8.1f} {mode:>14} {r['wall']:>7.2f} {rate:>10,.0f} {vs_bt2:>7.2f} "
+                    f"{vs_dummy:>8.2f} "
                     f"{r['cpu']:>9.2f} {r['child_cpu']:>9.2f} {bound:>14,.0f} {r['rss_mb']:>11.0f}",
                     flush=True,
                 )
@@ -161,7 +168,12 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    for mode, pts in rss.items():  # memory per event: the slope of peak RSS between the trace lengths
+        if len(pts) > 1 and pts[-1][0] > pts[0][0] and pts[0][1] == pts[0][1]:
+            per = (pts[-1][1] - pts[0][1]) * 2**20 / (pts[-1][0] - pts[0][0])
+            print(f"peak RSS per event, {pts[0][0]:,} -> {pts[-1][0]:,} events, {mode}: {per:.0f} bytes")
     print(f"target: >= {TARGET:,} events/s for read_lttng; 'vs bt2' is the rate over `babeltrace2 > /dev/null`")
+    print("issue 46 targets: native read_lttng >= 2.00 vs bt2 and >= 1.00 vs dummy; memory per event <= read_lttng-bt2")
 
 
 if __name__ == "__main__":

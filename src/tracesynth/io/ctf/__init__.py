@@ -281,6 +281,7 @@ def _batches(
             batch, nbad = _record_batch(fields, ts[sl], event[sl], names, [(v[sl], ok[sl]) for v, ok in cols], words)
             bad += nbad
             yield batch
+    stream.release_free_memory()
     if bad:
         warnings.warn(
             f"{path}: {bad} event(s) hold invalid UTF-8 in a string field (corrupt trace?); "

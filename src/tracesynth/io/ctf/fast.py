@@ -59,10 +59,51 @@ class _Compiler:
         self.roots: dict[str, dict[tuple[str, ...], int]] = {}
         self.fcs: dict[int, Any] = {}  # register -> its integer class (variant selectors)
         self.mode = "event"
+        # what is known of p here: p % known == res; alignments it satisfies become skips, and
+        # skips in a row one (never across `barrier`, the latest jump target)
+        self.known, self.res, self.barrier = 1, 0, 0
 
     def op(self, *args: int) -> int:
-        self.code.append([*args, *[0] * (5 - len(args))])
+        ins = [*args, *[0] * (5 - len(args))]
+        kind, a = ins[0], ins[1]
+        if kind == ALIGN:
+            if a <= 1:
+                return len(self.code) - 1
+            if self.known >= a:
+                return self.op(SKIP, -self.res % a)
+            self.known, self.res = a, 0
+        elif kind == SKIP:
+            self.res = (self.res + a) % self.known
+            last = self.code[-1] if len(self.code) > self.barrier else None
+            if last is not None and last[0] == SKIP:
+                last[1] += a
+                return len(self.code) - 1
+            if not a:
+                return len(self.code) - 1
+        self._track(ins)
+        self.code.append(ins)
         return len(self.code) - 1
+
+    def _track(self, ins: list[int]) -> None:
+        """The alignment known after a data instruction other than ALIGN and SKIP."""
+        kind, a, b, c = ins[:4]
+        if kind == INT:
+            self.res = (self.res + a) % self.known
+        elif kind in (LEB, CSTR) or (kind == BYTES and (a >= 0 or self.known < 8)):
+            self.known, self.res = 8, 0  # these end on a byte
+        elif kind == BYTES:
+            self.res = (self.res + 8 * b) % self.known
+        elif kind == SKIPN and a < 0:
+            self.res = (self.res + b * c) % self.known
+        elif kind == SKIPN:
+            self.known = min(self.known, b & -b if b else 1 << 30)
+            self.res %= self.known
+
+    def label(self, known: int = 1, res: int = 0) -> int:
+        """A jump target here, reached with p % known == res."""
+        self.barrier = len(self.code)
+        self.known, self.res = known, res % known
+        return len(self.code)
 
     def reg(self, n: int = 1) -> int:
         self.nregs += n
@@ -183,11 +224,12 @@ class _Compiler:
             return None
         counter = self.reg()
         head = self.op(LOOP, n, fc.length if isinstance(fc.length, int) else 0, counter, 0)
+        body = self.label()  # each element starts wherever the one before ended
         self.scopes.append({})
         self.field(el, None)
         self.scopes.pop()
-        self.op(NEXT, counter, 0, 0, head + 1)
-        self.code[head][4] = len(self.code)
+        self.op(NEXT, counter, 0, 0, body)
+        self.code[head][4] = self.label()
         return None
 
     def _has_refs(self, fc: Any) -> bool:
@@ -212,15 +254,20 @@ class _Compiler:
                     raise FastUnsupported("a selector range outside int64")
                 tests.append(self.op(JIN, sel, lo, hi, -(k + 10)))
         tests.append(self.op(FAIL, 0) if isinstance(fc, Variant) else self.op(JMP, 0, 0, 0, -2))
-        starts, ends = [], []
+        k0, r0 = self.known, self.res
+        starts, ends, states = [], [], [] if isinstance(fc, Variant) else [(k0, r0)]
         for _, f, oname in branches:
-            starts.append(len(self.code))
+            starts.append(self.label(k0, r0))
             self.scopes.append({})
             self.field(f, oname)
             inner = self.scopes.pop()
             self._expose(name, inner)
+            states.append((self.known, self.res))
             ends.append(self.op(JMP, 0, 0, 0, -2))
-        done = len(self.code)
+        a = min(k for k, _ in states)
+        while a > 1 and len({r % a for _, r in states}) > 1:
+            a //= 2
+        done = self.label(a, states[0][1])
         for i in [*tests, *ends]:
             t = self.code[i][4]
             if t == -2:
@@ -254,9 +301,10 @@ def compile_program(tc: Any, sc: Any, sources: dict[int, list], wants: list[Any]
     c.root(sc.event_context, "event.common_context", {m: [("keep", -1)] for m in common})
     c.op(END)
     c.mode = "event"
+    after_header = (c.known, c.res)
     evstart = np.full(max(sc.events, default=-1) + 1, -1, dtype=np.int64)
     for eid, ev in sc.events.items():
-        evstart[eid] = len(c.code)
+        evstart[eid] = c.label(*after_header)
         mine: dict[str, dict[str, list]] = {"event.context": {}, "event.payload": {}}
         for j, s in enumerate(sources[eid]):
             if s is not None and s[0] == "packet.context" and wants[j].kind != "int":

@@ -13,6 +13,7 @@ per stream. Ties go by stream class id, then stream id, as babeltrace2's muxer b
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import struct
 from collections.abc import Iterator
@@ -211,15 +212,27 @@ class StreamFile:
                     self._plan.append((j, dec.slots["packet"].index(slot), use, use.all()))
         if not self._plan:
             return
-        at = np.searchsorted(eids, ids)
+        at = None
         for j, k, use, everywhere in self._plan:
             vals, valid = cols[j]
+            if not everywhere and at is None:
+                at = np.searchsorted(eids, ids)
             rows_use = None if everywhere else use[at]
             for a, b, pv in packets:
                 if b > a and pv[k] is not None:
                     rows = slice(a, b) if rows_use is None else a + np.flatnonzero(rows_use[a:b])
                     vals[rows] = wrap_int(pv[k])
                     valid[rows] = True
+
+
+def release_free_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc): decoding churns through temporary
+    buffers, and the holes they leave would otherwise stay in the process's resident set while
+    the caller builds its table."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _cat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -286,7 +299,13 @@ def mux(files: list[StreamFile], to_ns: Any, names: dict[str, int]) -> Iterator[
     for s in pend:
         evs = s.sf.decoder.sc.events if s.sf.decoder else {}
         eids = np.array(sorted(evs), dtype=np.int64)
-        luts.append((eids, np.array([names.setdefault(evs[e].name, len(names)) for e in eids.tolist()], np.int32)))
+        code = np.array([names.setdefault(evs[e].name, len(names)) for e in eids.tolist()], np.int32)
+        if len(eids) and 0 <= eids[0] and eids[-1] < 1 << 20:  # a table indexed by id: a gather, not a search
+            table = np.zeros(int(eids[-1]) + 1, dtype=np.int32)
+            table[eids] = code
+            luts.append((None, table))
+        else:
+            luts.append((eids, code))
     if any(s.to_ns(s.sf, np.zeros(0, dtype=np.uint64)) is None for s in pend):  # one stream after the other
         for r, s in enumerate(pend):
             while len(s.ids) or not s.done:
@@ -321,9 +340,9 @@ def mux(files: list[StreamFile], to_ns: Any, names: dict[str, int]) -> Iterator[
 
 def _merge(parts: list, luts: list, clockless: bool) -> tuple:
     codes = []
-    for r, (_, ids, _) in parts:
+    for r, (_, ids, _) in parts:  # every id decoded is one of its stream class's
         eids, code = luts[r]
-        codes.append(code[np.searchsorted(eids, ids)])
+        codes.append(code[ids] if eids is None else code[np.searchsorted(eids, ids)])
     event = np.concatenate(codes)
     ncols = len(parts[0][1][2])
     cols = [
