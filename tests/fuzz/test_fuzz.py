@@ -276,7 +276,7 @@ def _mutate_model(p: Path, rng: random.Random) -> Mutation:
 
 @pytest.fixture(scope="session")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Format]:
-    from conftest import LTTNG_WGET
+    from conftest import LTTNG_WGET, SHARED
 
     from tracesynth.generators.ar import ARConfig, Autoregressive
     from tracesynth.generators.diffusion import GaussianDiffusion, GaussianDiffusionConfig
@@ -310,6 +310,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Format]:
     ]
     if LTTNG_WGET.exists():
         formats.append(Format("lttng", LTTNG_WGET, _ingest, lambda p, r: mutate_dir(p, r, r"k_\d+")))
+    ctf2 = SHARED / "traces" / "ctf2" / "lttng-crash" / "ctf2"  # read natively: babeltrace2 2.0 cannot
+    if ctf2.exists():
+        formats.append(Format("lttng-ctf2", ctf2, _ingest, lambda p, r: mutate_dir(p, r, r"chan_\d+")))
     return {f.name: f for f in formats}
 
 
@@ -340,8 +343,8 @@ def _markov(inp: Path, out: Path) -> Outcome:
     return Outcome(code, err, [str(w.message) for w in caught], crash)
 
 
-FORMATS = ["lttng", "perf-ctf", "perf-data", "perf-script", "strace", "parquet", "diffusion-model", "markov-model",
-           "ar-model"]
+FORMATS = ["lttng", "lttng-ctf2", "perf-ctf", "perf-data", "perf-script", "strace", "parquet", "diffusion-model",
+           "markov-model", "ar-model"]
 NEEDS = {"lttng": needs_bt2, "perf-ctf": needs_bt2, "perf-data": needs_perf}
 
 

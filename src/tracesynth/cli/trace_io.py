@@ -84,10 +84,15 @@ def export(
     output: Path = typer.Argument(..., help="Output: a directory for CTF, a file for Parquet."),
     to: str = typer.Option("ctf", "--to", help=f"Output format: {', '.join(EXPORT_FORMATS)}."),
     format: str = typer.Option(None, "--format", help="Force the input format (default: detect)."),
+    ctf_version: str = typer.Option(
+        "1.8", "--ctf-version", help="CTF 1.8 (Debian's babeltrace2, Trace Compass) or 2 (LTTng 2.15's default)."
+    ),
 ) -> None:
     """Write a trace as LTTng-style kernel CTF (babeltrace2 reads it back) or as Parquet."""
     if to not in EXPORT_FORMATS:
         raise TraceSynthError(f"unknown export format {to!r} (choose from {', '.join(EXPORT_FORMATS)})")
+    if ctf_version not in ("1.8", "2"):
+        raise TraceSynthError(f"unknown CTF version {ctf_version!r} (choose from 1.8, 2)")
     trace = _read(trace_path, format)
     if to == "parquet":
         trace.save(output)
@@ -99,7 +104,7 @@ def export(
             console=console, transient=True,
         ) as bar:  # fmt: skip
             task = bar.add_task("write", total=len(trace))
-            write_ctf(trace, output, on_progress=lambda n: bar.advance(task, n))
+            write_ctf(trace, output, on_progress=lambda n: bar.advance(task, n), ctf_version=ctf_version)
     console.print(f"{trace_path} -> {output} ({to}): {_describe(trace)}", soft_wrap=True)
 
 

@@ -1,11 +1,15 @@
-"""Write a Trace as a CTF 1.8 trace laid out like an LTTng kernel trace (babeltrace2 reads it back).
+"""Write a Trace as a CTF 1.8 trace laid out like an LTTng kernel trace (babeltrace2 reads it back),
+or as CTF 2 (`ctf_version="2"`: the same data streams, JSON metadata; babeltrace2 2.1+ and
+tracesynth's native reader read it, Debian's babeltrace2 2.0.4 does not).
 
 Layout (what `read_lttng` reads back exactly):
 
-- `metadata`: plain-text TSDL. The env says `domain = "kernel"`, `tracer_name = "lttng-modules"`
-  (so trace tools treat it as a kernel trace) plus `tracesynth = 1` and the trace's metadata as
-  JSON (`tracesynth_metadata`). One clock (`monotonic`, 1 GHz) whose offset holds whole seconds of
-  the first timestamp, so cycles stay small and non-negative.
+- `metadata`: plain-text TSDL starting with the `/* CTF 1.8` line Trace Compass requires (or CTF 2's
+  JSON text sequence, its field names without TSDL's leading underscore). The env says
+  `domain = "kernel"`, `tracer_name = "lttng-modules"` (so trace tools treat it as a kernel trace)
+  plus `tracesynth = 1` and the trace's metadata as JSON (`tracesynth_metadata`). One clock
+  (`monotonic`, 1 GHz) whose offset holds whole seconds of the first timestamp, so cycles stay
+  small and non-negative.
 - One stream file per CPU (`channel0_<cpu>`, packet context `cpu_id`); rows with a null CPU go to
   one `channel0_nocpu` stream of a second stream class without `cpu_id`.
 - Every event carries LTTng-style context fields `_tid` (int32, -1 = unknown) and `_procname`
@@ -41,6 +45,7 @@ from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
 
 CTF_MAGIC = 0xC1FC1FC1
+CTF_VERSIONS = ("1.8", "2")
 TASK_COMM_LEN = 16  # sched_switch prev_comm/next_comm are char[16] in lttng-modules
 NULL_COMM = "<unknown>"  # written for a null comm (never "": babeltrace2 2.0.4 misprints empty strings)
 _NAME_OK = re.compile(r"[!-~]+")  # printable ASCII without space
@@ -275,6 +280,114 @@ def _switch_payload(
     return rec
 
 
+def _int_fc(bits: int, signed: bool = False, role: str | None = None) -> dict:
+    kind = "fixed-length-signed-integer" if signed else "fixed-length-unsigned-integer"
+    fc: dict = {"type": kind, "length": bits, "byte-order": "little-endian", "alignment": 8}
+    if role:
+        fc["roles"] = [role]
+    return fc
+
+
+def _struct_fc(*members: tuple[str, dict]) -> dict:
+    return {"type": "structure", "member-classes": [{"name": n, "field-class": fc} for n, fc in members]}
+
+
+def _metadata_ctf2(
+    trace_uuid: uuidlib.UUID,
+    offset_s: int,
+    classes: list[tuple[str, bool]],
+    with_cpu: bool,
+    without_cpu: bool,
+    trace_meta: dict,
+    with_context: bool = True,
+) -> str:
+    """The CTF 2 metadata (a JSON text sequence) of the layout _metadata_text describes in TSDL:
+    the same packets and records, field names without CTF 1.8's leading underscore."""
+    host = str(trace_meta.get("hostname") or "tracesynth")
+    env = {
+        "hostname": host,
+        "domain": "kernel",
+        "sysname": "Linux",
+        "tracer_name": "lttng-modules",
+        "tracer_major": 2,
+        "tracer_minor": 15,
+        "tracesynth": 1,
+        "tracesynth_metadata": json.dumps(trace_meta, sort_keys=True, default=str),
+    }
+    uuid_list = list(trace_uuid.bytes)
+    frags: list[dict] = [
+        {"type": "preamble", "version": 2, "uuid": uuid_list},
+        {
+            "type": "trace-class",
+            "uid": str(trace_uuid),
+            "environment": env,
+            "packet-header-field-class": _struct_fc(
+                ("magic", _int_fc(32, role="packet-magic-number")),
+                ("uuid", {"type": "static-length-blob", "length": 16, "roles": ["metadata-stream-uuid"]}),
+                ("stream_id", _int_fc(32, role="data-stream-class-id")),
+                ("stream_instance_id", _int_fc(64, role="data-stream-id")),
+            ),
+        },
+        {
+            "type": "clock-class",
+            "id": "monotonic",
+            "name": "monotonic",
+            "description": "Monotonic Clock",
+            "frequency": 1_000_000_000,
+            "offset-from-origin": {"seconds": offset_s, "cycles": 0},
+        },
+    ]
+    stream_ids = ([0] if with_cpu else []) + ([1] if without_cpu else [])
+    for sid in stream_ids:
+        frags.append(_stream_class_ctf2(sid, with_context))
+    comm = {"type": "static-length-string", "length": TASK_COMM_LEN, "encoding": "utf-8"}
+    switch = [
+        ("prev_comm", comm),
+        ("prev_tid", _int_fc(32, True)),
+        ("prev_prio", _int_fc(32, True)),
+        ("prev_state", _int_fc(64, True)),
+        ("next_comm", comm),
+        ("next_tid", _int_fc(32, True)),
+        ("next_prio", _int_fc(32, True)),
+    ]
+    for sid in stream_ids:
+        for i, (name, has_ret) in enumerate(classes):
+            members = ([("ret", _int_fc(64, True))] if has_ret else []) + (switch if name == "sched_switch" else [])
+            frag = {"type": "event-record-class", "id": i, "name": name, "data-stream-class-id": sid}
+            if members:
+                frag["payload-field-class"] = _struct_fc(*members)
+            frags.append(frag)
+    return "".join("\x1e" + json.dumps(f, indent=2) + "\n" for f in frags)
+
+
+def _stream_class_ctf2(sid: int, with_context: bool) -> dict:
+    clock_ts = "default-clock-timestamp"
+    pc = [
+        ("timestamp_begin", _int_fc(64, role=clock_ts)),
+        ("timestamp_end", _int_fc(64, role="packet-end-default-clock-timestamp")),
+        ("content_size", _int_fc(64, role="packet-content-length")),
+        ("packet_size", _int_fc(64, role="packet-total-length")),
+        ("packet_seq_num", _int_fc(64, role="packet-sequence-number")),
+        ("events_discarded", _int_fc(64, role="discarded-event-record-counter-snapshot")),
+    ]
+    if sid == 0:
+        pc.append(("cpu_id", _int_fc(32)))
+    frag = {
+        "type": "data-stream-class",
+        "id": sid,
+        "default-clock-class-id": "monotonic",
+        "packet-context-field-class": _struct_fc(*pc),
+        "event-record-header-field-class": _struct_fc(
+            ("id", _int_fc(32, role="event-record-class-id")), ("timestamp", _int_fc(64, role=clock_ts))
+        ),
+    }
+    if with_context:
+        frag["event-record-common-context-field-class"] = _struct_fc(
+            ("tid", _int_fc(32, True)), ("procname", {"type": "null-terminated-string"})
+        )
+    return frag
+
+
 def write_ctf(
     trace: Trace,
     directory: str | Path,
@@ -282,14 +395,19 @@ def write_ctf(
     chunk_rows: int = 1 << 20,
     on_progress: Callable[[int], None] | None = None,
     context: bool = True,
+    ctf_version: str = "1.8",
 ) -> Path:
-    """Write `trace` as an LTTng-style CTF 1.8 trace directory, atomically (replaces `directory`).
+    """Write `trace` as an LTTng-style CTF trace directory, atomically (replaces `directory`).
 
     `on_progress` receives the number of events written after each chunk. With context=False
     events carry no tid/procname context, like a plain `lttng enable-event -k` session: readers
     then derive threads from sched_switch (rows before a CPU's first switch read back as null).
+    ctf_version "1.8" (TSDL metadata; Debian's babeltrace2 2.0 and Trace Compass read it) or "2"
+    (JSON metadata as LTTng 2.15 writes by default; the data streams are the same bytes).
     """
     directory = Path(directory)
+    if ctf_version not in CTF_VERSIONS:
+        raise TraceSynthError(f"unknown CTF version {ctf_version!r} (choose from {', '.join(CTF_VERSIONS)})")
     n = len(trace)
     if n == 0:
         raise TraceSynthError("the trace has no events; nothing to write", directory)
@@ -327,7 +445,7 @@ def write_ctf(
     is_switch_all = ev_codes == switch_code
 
     trace_uuid = uuidlib.uuid4()
-    meta_text = _metadata_text(
+    meta_text = (_metadata_ctf2 if ctf_version == "2" else _metadata_text)(
         trace_uuid,
         offset_s,
         classes,

@@ -195,6 +195,8 @@ def _fragment(t: TraceClass, b: _Builder, clock_ids: dict[str, str], frag: dict[
         if isinstance(uuid, list) and len(uuid) == 16:
             h = bytes(uuid).hex()
             t.uuid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        elif isinstance(frag.get("uid"), str):  # CTF 2.0's final name for it
+            t.uuid = frag["uid"]
     elif kind == "clock-class":
         c = _clock(frag)
         t.clocks[c.name] = c
