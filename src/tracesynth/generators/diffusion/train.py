@@ -135,20 +135,10 @@ def train(
         opt.load_state_dict(optimizer_state)
     data = to_device(train_w, device)
     val = to_device(val_w, device)
-    n_win = len(train_w["event"])
     # Each rank draws its own batches and noise; the step number keeps resumed runs on a fresh stream.
     g = torch.Generator(device="cpu").manual_seed(cfg.seed * 1000003 + rank * 7919 + start_step)
     hist: dict[str, Any] = {"loss": float("nan"), "loss_eps": float("nan"), "val_loss": float("nan")}
-    bar = Progress(
-        TextColumn("[bold]fit[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}  val {task.fields[val]:.4f}  {task.fields[eps]:,.0f} events/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        disable=not progress or rank != 0,
-        transient=False,
-    )
+    bar = _fit_bar(enabled=progress and rank == 0)
     ema, events = None, 0
     t_run = time.perf_counter()
     t_start = t_run - start_seconds  # the time limit and the schedule count the seconds of earlier runs too
@@ -171,16 +161,7 @@ def train(
                 break
             for grp in opt.param_groups:
                 grp["lr"] = lr_at(step, cfg, elapsed)
-            idx = torch.randint(0, n_win, (cfg.batch_size,), generator=g)
-            batch = {c: v[idx.to(device)] for c, v in data.items()}
-            t = torch.randint(0, cfg.timesteps, (cfg.batch_size,), generator=g).to(device)
-            noise = torch.randn((cfg.batch_size, cfg.context, model.latent), generator=g).to(device)
-            loss, loss_eps = runner(batch, t, noise)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
+            loss, loss_eps = _train_step(runner, model, opt, cfg, data, g, device)
             lv = loss.item()
             ema = lv if ema is None else 0.95 * ema + 0.05 * lv
             hist["loss"], hist["loss_eps"] = ema, float(loss_eps)
@@ -197,6 +178,42 @@ def train(
     hist["steps"] = done
     model.eval()
     return hist
+
+
+def _fit_bar(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]fit[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}  val {task.fields[val]:.4f}  {task.fields[eps]:,.0f} events/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def _train_step(
+    runner: nn.Module,
+    model: TraceDenoiser,
+    opt: torch.optim.Optimizer,
+    cfg: GaussianDiffusionConfig,
+    data: dict[str, torch.Tensor],
+    g: torch.Generator,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimiser step on a batch of windows, timesteps and noise drawn from g (in that order)."""
+    idx = torch.randint(0, len(data["event"]), (cfg.batch_size,), generator=g)
+    batch = {c: v[idx.to(device)] for c, v in data.items()}
+    t = torch.randint(0, cfg.timesteps, (cfg.batch_size,), generator=g).to(device)
+    noise = torch.randn((cfg.batch_size, cfg.context, model.latent), generator=g).to(device)
+    loss, loss_eps = runner(batch, t, noise)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return loss, loss_eps
 
 
 def _agree_to_stop(mine: bool, distributed: bool, device: torch.device) -> bool:
