@@ -11,12 +11,12 @@
 - ret: drawn from the event type's empirical return values (null where the type never returns one).
 
 `sample(n, seed, guide="kernel")` draws the same chain one event at a time under the kernel invariants
-(what `tracesynth.guide` does for the `ar` model), keeping the event sequence the chain draws and moving the
-event instead: to the CPU where its thread is current, to the thread current on its CPU, or, where that thread
-may not do it (an entry inside a call, a wrong or orphan exit), to another CPU whose current thread may (or a
-free CPU and a thread current nowhere). Only where no CPU can take it is the event redrawn from the same
-Markov context with the forbidden events masked out. The default `guide="none"` is the plain chain a user
-would write.
+(what `tracesynth.guide` does for the `ar` model; the state is a `tracesynth.kernel.KernelState`), keeping the
+event sequence the chain draws and moving the event instead: to the CPU where its thread is current, to the
+thread current on its CPU, or, where that thread may not do it (an entry inside a call, a wrong or orphan exit),
+to another CPU whose current thread may (or a free CPU and a thread current nowhere). Only where no CPU can take
+it is the event redrawn from the same Markov context with the forbidden events masked out. The default
+`guide="none"` is the plain chain a user would write.
 
 Saved as JSON (config, vocabularies, the tables' sha256, checked on load) + safetensors (tables); no pickle.
 """
