@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dooly.errors import DoolyError, one_line
-from dooly.tracer import trace_model
+from dooly.tracer import DEFAULT_HINTS, real_run_failure, trace_model
 
 PHASES = ("prefill", "decode", "chunk")
 
@@ -101,6 +101,15 @@ def tiny_configs(model_type: str) -> list[dict[str, Any]]:
         for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
             if isinstance(vocab, int) and isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) >= vocab:
                 setattr(cfg, key, vocab - 1)
+        # routing and SSM groups that divide the tiny expert and head counts; a query head the sum of its parts
+        for key in ("n_group", "topk_group", "n_groups", "mamba_n_groups"):
+            if hasattr(cfg, key) and (getattr(cfg, key) is None or isinstance(getattr(cfg, key), int)):
+                setattr(cfg, key, 1)
+        if hasattr(cfg, "num_experts_per_tok") and cfg.num_experts_per_tok is None:
+            cfg.num_experts_per_tok = TINY["num_experts_per_tok"]
+        parts = [getattr(cfg, k, None) for k in ("qk_nope_head_dim", "qk_rope_head_dim")]
+        if isinstance(getattr(cfg, "qk_head_dim", None), int) and all(isinstance(p, int) for p in parts):
+            cfg.qk_head_dim = sum(parts)
         hidden = getattr(cfg, "hidden_size", None)
         ssm = (("mamba_n_heads", "mamba_d_head", "mamba_expand"), ("num_heads", "head_dim", "expand"))
         for heads, size, expand in ssm:
@@ -116,6 +125,24 @@ def tiny_configs(model_type: str) -> list[dict[str, Any]]:
             shrink(cfg, derived)
             out.append(cfg.to_dict())
     return out
+
+
+def pick_tiny(engine: Any, model_type: str) -> dict[str, Any] | None:
+    """The first tiny config whose real prefill runs; else the first that builds (its phases then report the
+    engine's failure); None where none builds."""
+    built = None
+    try:
+        for cand in tiny_configs(model_type):
+            try:
+                engine.build_model(cand)
+            except Exception:  # noqa: BLE001,S112 - the next candidate, then the defaults
+                continue
+            built = built or cand
+            if real_run_failure(engine, cand, "prefill", DEFAULT_HINTS["prefill"]) is None:
+                return cand
+    except Exception:  # noqa: BLE001,S110 - the defaults
+        pass
+    return built
 
 
 def default_config(model_type: str) -> dict[str, Any]:
@@ -163,18 +190,17 @@ def sweep(
         if mt in done:
             continue
         if save is not None:
-            save.write_text(json.dumps(rows, indent=1))
-        cfg, made = None, "tiny"
-        try:
-            for cand in tiny_configs(mt):
-                try:
-                    engine.build_model(cand)
-                except Exception:  # noqa: BLE001,S112 - the next candidate, then the defaults
-                    continue
-                cfg = cand
-                break
-        except Exception:  # noqa: BLE001,S110 - the defaults
-            pass
+            # the engine's C++ may kill the process on real tensors (a signal, no exception): a resumed sweep
+            # finds this row and goes on with the next architecture
+            died = {
+                "arch": mt,
+                "phase": "-",
+                "result": "engine fails",
+                "config": "tiny",
+                "reason": "the engine's own kernels killed the process in a real step of the tiny config",
+            }
+            save.write_text(json.dumps([*rows, died], indent=1))
+        cfg, made = pick_tiny(engine, mt), "tiny"
         if cfg is None:
             try:
                 cfg, made = default_config(mt), "default"
@@ -183,25 +209,40 @@ def sweep(
                 continue
         for ph in phases:
             t0 = time.perf_counter()
-            signal.alarm(timeout)
-            try:
-                tr = trace_model(cfg, ph, name=mt, engine=engine)
-                result, reason = "traced", f"{len(tr.records)} ops"
-            except DoolyError as exc:  # one line; the tracer says when the engine fails on real tensors too
-                result, reason = "engine fails" if "even on real tensors" in str(exc) else "refused", str(exc)
-            except _Timeout:
-                result, reason = "crashed", f"timeout after {timeout} s"
-            except Exception as exc:  # noqa: BLE001
-                result, reason = "crashed", one_line(exc)
-            finally:
-                signal.alarm(0)
-            row = {"arch": mt, "phase": ph, "result": result, "reason": reason, "config": made,
-                   "seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
+            result, reason = trace_phase(engine, cfg, mt, ph, real=made == "tiny", timeout=timeout)
+            row = {
+                "arch": mt,
+                "phase": ph,
+                "result": result,
+                "reason": reason,
+                "config": made,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
             rows.append(row)
             console.print(f"{mt} {ph} {made}: {result} ({row['seconds']} s) {reason}", highlight=False, markup=False)
     if save is not None:
         save.write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def trace_phase(engine: Any, cfg: dict[str, Any], mt: str, ph: str, *, real: bool, timeout: int) -> tuple[str, str]:
+    """One phase's result and reason; with ``real``, a traced phase is also run on real tensors, since the trace's
+    fake kernels compute nothing and so cannot fail where the engine's own code does."""
+    signal.alarm(timeout)
+    try:
+        tr = trace_model(cfg, ph, name=mt, engine=engine)
+        failure = real_run_failure(engine, cfg, ph, DEFAULT_HINTS[ph]) if real else None
+        if failure is not None:
+            return "engine fails", f"the engine cannot run this model's {ph} even on real tensors ({failure})"
+        return "traced", f"{len(tr.records)} ops"
+    except DoolyError as exc:  # one line; the tracer says when the engine fails on real tensors too
+        return "engine fails" if "even on real tensors" in str(exc) else "refused", str(exc)
+    except _Timeout:
+        return "crashed", f"timeout after {timeout} s"
+    except Exception as exc:  # noqa: BLE001
+        return "crashed", one_line(exc)
+    finally:
+        signal.alarm(0)
 
 
 def report(rows: list[dict[str, Any]], console: Console) -> None:

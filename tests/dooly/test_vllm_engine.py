@@ -166,17 +166,17 @@ LATENT = {"model_type": "deepseek_v3", "vocab_size": 128, "hidden_size": 128, "i
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_a_latent_attention_model_traces_as_its_real_step(engine, phase) -> None:  # type: ignore[no-untyped-def]
-    # DeepSeek-style MLA: vLLM's CPU backend runs it as its own opaque op (whose prefill and metadata loop over
-    # the requests in Python); the trace holds that op with the request sizes labelled, as the real step calls it
+    # DeepSeek-style MLA: vLLM's CPU backend runs it as an opaque op on the new tokens only (whose prefill and
+    # metadata loop over the requests in Python); the trace holds dooly's op around it, which also takes the cache
+    # and the lengths, so the request sizes (the context length too) are labelled in its signature
     trace = trace_model(LATENT, phase, engine=engine)
     assert not trace.guards
     torch.manual_seed(0)
     traced, real = traced_and_real_ops(engine, engine.build_model(LATENT), trace)
     kernels = [op for op in real if op[0] != "aten.alias.default"]
     assert [op for op in traced if op[0] != "aten.alias.default"] == kernels
-    mla = "vllm.unified_mla_attention_with_output.default"
-    attn = next(r.signature for r in trace.records if r.signature.op == mla)
-    assert "requests" in attn.symbols()
+    attn = next(r.signature for r in trace.records if r.signature.op == "dooly_vllm.mla_attention.default")
+    assert attn.symbols() == ({"requests", "tokens"} if phase == "prefill" else {"requests", "kv_len"})
 
 
 def test_a_latent_head_size_without_a_cpu_kernel_is_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
@@ -201,6 +201,30 @@ def test_the_conv_weight_prepack_fake_has_the_real_layout(engine) -> None:  # ty
     with FakeTensorMode() as mode:
         fake = ops.causal_conv1d_weight_pack(mode.from_tensor(w))
     assert (fake.shape, fake.dtype, fake.stride()) == (real.shape, real.dtype, real.stride())
+
+
+HYBRID = {
+    "model_type": "falcon_h1",
+    "vocab_size": 128,
+    "hidden_size": 128,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 512,
+}
+
+
+def test_a_hybrid_ssm_model_runs_steps_longer_than_a_state_block(engine) -> None:  # type: ignore[no-untyped-def]
+    # with prefix caching on (vLLM's default) an SSM's state blocks follow the attention pages: a request holds
+    # one per block of tokens, and the step's state is the one of its last token's block
+    model = engine.build_model(HYBRID)
+    spec = next(s for s, _, _ in model._dooly_vllm.groups if type(s).__name__ == "MambaSpec")
+    block = spec.block_size
+    inputs = engine.prepare(model, RequestShape(2, block + 3, block + 5))  # a chunk past a cached block
+    assert engine.forward(model, inputs).shape == (2,)
+    step = engine.advance(inputs, engine.forward(model, inputs))  # a decode, with the SSM's decode kernels
+    assert engine.forward(model, step).shape == (2,)
 
 
 @pytest.mark.slow

@@ -72,11 +72,13 @@ def _paged_caches(st: _State, r: Any, seq_len: Any) -> tuple[dict[str, Any], lis
 
 
 def _blocks_per_seq(spec: Any, seq_len: Any) -> Any:
-    """Blocks one sequence holds after a step: a state layer's (an SSM's) one, whatever the length (vLLM keeps
-    one state per request without prefix caching); an attention layer's, one per ``block_size`` tokens."""
+    """Blocks one sequence holds after a step: one per ``block_size`` tokens, as for attention, except for a state
+    layer (an SSM) without prefix caching (cache mode "none"): one state per request, whatever the length. With
+    prefix caching (vLLM's default: mode "align") its block size follows the attention pages and the state of a
+    step is read from and written to the block of the last token."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    if isinstance(spec, MambaSpec):
+    if isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "none":
         return 1
     return (seq_len + spec.block_size - 1) // spec.block_size
 
@@ -100,7 +102,7 @@ def _group_step(spec: Any, builder: Any, table: Any, r: Any, t: Any, k: Any) -> 
         num_actual_tokens=r * t, max_query_len=t, max_seq_len=k + t, block_table_tensor=table,
         slot_mapping=slot, positions=positions, seq_lens_cpu_upper_bound=seq_lens, is_prefilling=prefilling,
     )  # fmt: skip
-    return (None if builder is None else builder.build(0, common)), slot, positions
+    return (None if builder is None else builder.build(0, common)), slot, common
 
 
 def _direct(layer: Any) -> bool:
@@ -120,6 +122,63 @@ def _real_metadata(spec: Any, builder: Any, r: Any, t: Any, k: Any) -> Any:
         return _group_step(spec, builder, table, r, t, k)[0]
 
 
+def _step_tensors(common: Any) -> tuple[Any, ...]:
+    """What ``dooly_vllm::mla_attention`` rebuilds a layer's metadata from (see :func:`_mla_run`)."""
+    c = common
+    return c.seq_lens, c.query_start_loc, c.block_table_tensor, c.slot_mapping, c.is_prefilling
+
+
+def _mla_run(layer: Any, q: Any, kv_c: Any, k_pe: Any, out: Any, kv_cache: Any, *step: Any) -> None:
+    """The kernel of ``dooly_vllm::mla_attention`` (real tensors): the layer's metadata from the step's lengths
+    and block table, by its backend's builder, then what vLLM's latent attention layer runs on it."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    seq_lens, qsl, table, slots, prefilling = step
+    query = qsl.diff()
+    positions = torch.cat([torch.arange(s - n, s) for s, n in zip(seq_lens.tolist(), query.tolist(), strict=True)])
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl,
+        seq_lens=seq_lens,
+        num_reqs=len(seq_lens),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(query.max()),
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=table,
+        slot_mapping=slots,
+        positions=positions,
+        seq_lens_cpu_upper_bound=seq_lens,
+        is_prefilling=prefilling,
+    )
+    md = layer._dooly_builder.build(0, common)
+    layer.prepare_kv_cache_update(md)
+    layer.update_kv_cache(kv_c, k_pe, kv_cache, slots, md, layer.kv_cache_dtype, layer._k_scale)
+    layer.forward_impl(q, kv_c, k_pe, kv_cache, md, output=out)
+
+
+def _route_mla(layer: Any, builder: Any) -> None:
+    """While observed, ``layer`` (vLLM's latent attention) runs as ``dooly_vllm::mla_attention``: vLLM's own op
+    takes the new tokens only, so its signature would price a decode the same at every context length."""
+    import torch
+
+    from dooly.engines import vllm_ops
+
+    original = layer.forward
+    layer._dooly_builder = builder
+    layer._dooly_handle = vllm_ops.mla_layer(layer, _mla_run)
+
+    def forward(q: Any, kv_c_normed: Any, k_pe: Any, output_shape: Any = None, q_dcp_replicated: Any = None) -> Any:
+        if q_dcp_replicated is not None or not vllm_ops.observed(q):
+            return original(q, kv_c_normed, k_pe, output_shape, q_dcp_replicated)
+        output = torch.empty(output_shape, dtype=q.dtype, device=q.device)
+        step = (*layer._dooly_step, layer._dooly_handle)
+        torch.ops.dooly_vllm.mla_attention(q, kv_c_normed, k_pe, output, layer.kv_cache, *step)
+        return output
+
+    layer.forward = forward
+
+
 def _check_head_size(backend: Any, spec: Any) -> None:
     """vLLM builds a layer whose head size its CPU backend has no kernel for (it fails at the first step): refused."""
     head = getattr(spec, "head_size", None)
@@ -127,6 +186,18 @@ def _check_head_size(backend: Any, spec: Any) -> None:
     if head is not None and sizes and head not in sizes:
         raise DoolyError(f"vLLM's CPU {backend.get_name()} attention has kernels for head sizes {sizes} only, "
                          f"not {head}")  # fmt: skip
+
+
+def _init_state_backend(vc: Any, groups: list[tuple[Any, list[str], Any]]) -> None:
+    """The SSM state-update kernels' backend, which vLLM's model runner picks once its KV-cache groups are known
+    (a Mamba layer's decode refuses to run without it)."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.mamba.ops.ssu_dispatch import initialize_mamba_ssu_backend
+
+    kv_groups = [SimpleNamespace(kv_cache_spec=spec) for spec, _, _ in groups]
+    kv_config = SimpleNamespace(kv_cache_groups=kv_groups)
+    initialize_mamba_ssu_backend(vc.mamba_config, kv_config, use_replayssm=vc.cache_config.use_replayssm)
 
 
 class VLLMEngine(Engine):
@@ -221,7 +292,7 @@ class VLLMEngine(Engine):
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers import rotary_embedding
-        from vllm.model_executor.layers.attention import Attention
+        from vllm.model_executor.layers.attention import Attention, MLAAttention
         from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
         from vllm.model_executor.model_loader import get_model
 
@@ -266,6 +337,10 @@ class VLLMEngine(Engine):
                 _check_head_size(backend, spec)
                 builder = backend.get_builder_cls()(spec, names, vc, torch.device(self.device))
                 groups.append((spec, names, builder))
+                for n in names:
+                    if isinstance(layers[n], MLAAttention):
+                        _route_mla(layers[n], builder)
+            _init_state_backend(vc, groups)
         model.eval()
         model._dooly_vllm = _State(vc, groups, layers)
         return model
@@ -318,10 +393,11 @@ class VLLMEngine(Engine):
 
         metadata: dict[str, Any] = {}
         slots: dict[str, Any] = {}
-        positions = None
+        steps: dict[str, Any] = {}
+        common = None
         for (spec, names, builder), table in zip(st.groups, tables, strict=True):
             opaque = isinstance(table, FakeTensor) and not _direct(st.layers[names[0]])
-            md, slot, positions = _group_step(spec, None if opaque else builder, table, r, t, k)
+            md, slot, common = _group_step(spec, None if opaque else builder, table, r, t, k)
             if opaque:
                 # these layers run as one vLLM op whose fake computes nothing, so only a real step reads their
                 # metadata; vLLM's builder (for the latent attention and the SSMs) reads each request's lengths in
@@ -329,9 +405,11 @@ class VLLMEngine(Engine):
                 md = _real_metadata(spec, builder, r, t, k)
             metadata.update(dict.fromkeys(names, md))
             slots.update(dict.fromkeys(names, slot))
+            steps.update(dict.fromkeys(names, _step_tensors(common)))
         return {
             "input_ids": torch.zeros(r * t, dtype=torch.int32),
-            "positions": positions,
+            "positions": common.positions,
+            "step_tensors": steps,
             "kv_caches": caches,
             "block_tables": tables,
             "attn_metadata": metadata,
@@ -361,7 +439,7 @@ class VLLMEngine(Engine):
         req_of_token = torch.repeat_interleave(torch.arange(r), torch.tensor(query))
         prefilling = torch.tensor([False] * len(batch.decode) + [True] * len(batch.prefill))
         caches, tables = _paged_caches(st, r, int(seq_lens.max()))
-        metadata, slots = {}, {}
+        metadata, slots, steps = {}, {}, {}
         for (spec, names, builder), table in zip(st.groups, tables, strict=True):
             slot = (table[req_of_token, positions // spec.block_size].to(torch.int64) * spec.block_size
                     + positions % spec.block_size)  # fmt: skip
@@ -374,9 +452,11 @@ class VLLMEngine(Engine):
             md = builder.build(0, common)
             metadata.update(dict.fromkeys(names, md))
             slots.update(dict.fromkeys(names, slot))
+            steps.update(dict.fromkeys(names, _step_tensors(common)))
         return {
             "input_ids": torch.zeros(int(sum(query)), dtype=torch.int32),
             "positions": positions,
+            "step_tensors": steps,
             "kv_caches": caches,
             "block_tables": tables,
             "attn_metadata": metadata,
@@ -394,6 +474,7 @@ class VLLMEngine(Engine):
         st: _State = model._dooly_vllm
         for name, layer in st.layers.items():
             layer.bind_kv_cache(inputs["kv_caches"][name])  # as vLLM binds them (a state layer unpacks its bytes)
+            layer._dooly_step = inputs["step_tensors"][name]  # the step's lengths, for a routed layer's op
         r, t, _ = inputs["shape"]
         with torch.no_grad(), set_current_vllm_config(st.vllm_config), set_forward_context(
             inputs["attn_metadata"], st.vllm_config, num_tokens=r * t, slot_mapping=inputs["slot_mapping"]

@@ -19,11 +19,16 @@ call vLLM's C++ kernel and whose fake kernels only compute output metadata:
   ``query_start_loc`` values (its size depends on them, so no shape rule exists); the op builds it with vLLM's
   own function from those values and the attention's settings, once per distinct batch (memoised), as vLLM's
   metadata builder does once per step.
+* ``dooly_vllm::mla_attention(...)``: vLLM's latent attention layer (its cache write, metadata and attention),
+  which vLLM runs as an opaque op on the new tokens only; this one also takes the cache, the lengths and the
+  block table, and builds the layer's metadata from their values with its backend's own builder.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -34,9 +39,11 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 _LIB: Any = None
 _SCHEDULE: dict[tuple, torch.Tensor] = {}  # scheduler metadata per (seq_lens, query_start_loc, settings)
 _ORIGINAL: dict[str, Callable[..., Any]] = {}
+_LAYERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # mla_layer's handles
+_KEYS = itertools.count()
 
 
-def _observed(*tensors: Any) -> bool:
+def observed(*tensors: Any) -> bool:
     """A dispatch mode is active (tracing, context pooling) or a tensor is fake."""
     return bool(_get_current_dispatch_mode_stack()) or any(isinstance(t, FakeTensor) for t in tensors)
 
@@ -87,10 +94,23 @@ def _define() -> None:
         torch.ops._C.cpu_attention_with_kv_cache(q, kc, vc, out, qsl, seq_lens, scale, causal, alibi, window, bt,
                                                  softcap, sched, s_aux, dyn, k_scale, v_scale, kv_dtype)  # fmt: skip
 
+    # vLLM's latent attention (cache write, metadata, attention) as one op that takes the step's cache and lengths,
+    # so its signature carries the context length; ``layer`` is a 0-d handle to the vLLM layer (see mla_layer)
+    lib.define(
+        "mla_attention(Tensor q, Tensor kv_c_normed, Tensor k_pe, Tensor(a!) output, Tensor(b!) kv_cache, "
+        "Tensor seq_lens, Tensor query_start_loc, Tensor block_table, Tensor slot_mapping, Tensor is_prefilling, "
+        "Tensor layer) -> ()"
+    )
+
+    def mla_attention(q, kv_c, k_pe, out, kv_cache, seq_lens, qsl, table, slots, prefilling, layer):  # type: ignore[no-untyped-def]
+        mla = _LAYERS[int(layer)]
+        mla._dooly_run(mla, q, kv_c, k_pe, out, kv_cache, seq_lens, qsl, table, slots, prefilling)
+
+    lib.impl("mla_attention", mla_attention, "CPU")
     lib.impl("onednn_mm", onednn_mm, "CPU")
     lib.impl("cpu_attn_reshape_and_cache", reshape_and_cache, "CPU")
     lib.impl("cpu_attention_with_kv_cache", attention, "CPU")
-    for name in ("onednn_mm", "cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
+    for name in ("onednn_mm", "cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache", "mla_attention"):
         torch.library.register_fake(f"dooly_vllm::{name}", lambda *a, **k: None, lib=lib)  # they only write
     if not _has_fake("_C::rotary_embedding"):
         # vLLM's rotary embedding rotates query and key in place; its fake has nothing to compute
@@ -99,6 +119,15 @@ def _define() -> None:
         # the CPU conv-weight prepack (called at load for bf16 [dim, 4] weights only) keeps shape and dtype
         torch.library.register_fake("_C::causal_conv1d_weight_pack", lambda w: torch.empty_like(w).contiguous())
     _LIB = lib
+
+
+def mla_layer(layer: Any, run: Callable[..., None]) -> torch.Tensor:
+    """The 0-d handle ``dooly_vllm::mla_attention`` finds ``layer`` by (a tensor, so every layer's call has one
+    signature and the profiler replays a call on its own layer); ``run(layer, *op inputs)`` is its kernel."""
+    key = next(_KEYS)
+    _LAYERS[key] = layer
+    layer._dooly_run = run
+    return torch.tensor(key, dtype=torch.int64)
 
 
 def _has_fake(name: str) -> bool:
@@ -154,7 +183,7 @@ def install() -> None:
     _define()
 
     def onednn_mm(handler: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if not _observed(x):
+        if not observed(x):
             return _ORIGINAL["onednn_mm"](handler, x, bias)
         out = torch.empty((*x.shape[0:-1], handler.n), dtype=x.dtype)  # as vLLM's wrapper allocates it
         torch.ops.dooly_vllm.onednn_mm(out, x.reshape(-1, handler.k), bias, handler.handler_tensor)
@@ -174,7 +203,7 @@ def install() -> None:
                           kv_cache_dtype="auto"):  # fmt: skip
         fn = (
             torch.ops.dooly_vllm.cpu_attn_reshape_and_cache
-            if _observed(key)
+            if observed(key)
             else _ORIGINAL["cpu_attn_reshape_and_cache"]
         )
         fn(key, value, key_cache, value_cache, slot_mapping, isa, k_scale, v_scale, kv_cache_dtype)
@@ -182,7 +211,7 @@ def install() -> None:
     def attention(query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,  # type: ignore[no-untyped-def]
                   sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal=None,
                   k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"):  # fmt: skip
-        if not _observed(query):
+        if not observed(query):
             return _ORIGINAL["cpu_attention_with_kv_cache"](
                 query, key_cache, value_cache, output, query_start_loc, seq_lens, scale, causal, alibi_slopes,
                 sliding_window, block_table, softcap, scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale,
@@ -223,4 +252,4 @@ def install() -> None:
     ops.cpu_attn_get_scheduler_metadata = scheduler_metadata
 
 
-__all__ = ["fake_layer_ops", "install"]
+__all__ = ["fake_layer_ops", "install", "mla_layer", "observed"]
