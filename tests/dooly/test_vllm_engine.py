@@ -227,6 +227,35 @@ def test_a_hybrid_ssm_model_runs_steps_longer_than_a_state_block(engine) -> None
     assert engine.forward(model, step).shape == (2,)
 
 
+def test_a_constant_vllm_builds_on_the_meta_device_traces(engine) -> None:  # type: ignore[no-untyped-def]
+    # vLLM's Transformers backend builds transformers' model on the meta device, where a torch.tensor(x) constant
+    # (here an embedding scale) stays a plain meta tensor; the trace takes it in as a fake one
+    cfg = {
+        "model_type": "vaultgemma",
+        "vocab_size": 128,
+        "hidden_size": 128,
+        "intermediate_size": 96,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "max_position_embeddings": 512,
+        "layer_types": ["full_attention"],
+    }
+    trace = trace_model(cfg, "prefill", engine=engine)
+    traced, real = traced_and_real_ops(engine, engine.build_model(cfg), trace)
+    assert [op for op in traced if op[0] != "aten.alias.default"] == [
+        op for op in real if op[0] != "aten.alias.default"
+    ]
+
+
+def test_values_vllm_reads_back_while_building_are_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
+    # vLLM's CPU attention turns the ALiBi slopes the model computes with torch into a Python list
+    cfg = {"model_type": "bloom", "vocab_size": 128, "hidden_size": 128, "n_head": 4, "n_layer": 1}
+    with pytest.raises(DoolyError, match="reads values it computes with torch back into Python") as err:
+        trace_model(cfg, "prefill", engine=engine)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.slow
 def test_a_run_leaves_no_temporary_directory(config, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A `dooly trace --engine vllm` in its own process (vLLM's start-up again: slow) removes its model and process

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,43 @@ def _check_head_size(backend: Any, spec: Any) -> None:
                          f"not {head}")  # fmt: skip
 
 
+@contextmanager
+def _build_constants_faked() -> Iterator[None]:
+    """While vLLM builds a model on fake tensors: a constant it makes on the meta device (its Transformers backend
+    builds transformers' model there, where ``torch.tensor(x)`` stays a plain meta tensor) is taken in as a fake
+    one rather than refused."""
+    from torch._subclasses.fake_tensor import fake_tensor_tls
+
+    before = fake_tensor_tls.allow_non_fake_inputs_override
+    fake_tensor_tls.allow_non_fake_inputs_override = True
+    try:
+        yield
+    finally:
+        fake_tensor_tls.allow_non_fake_inputs_override = before
+
+
+def _fake_build_limit(exc: BaseException) -> str | None:
+    """Why vLLM's model code cannot be built on fake tensors (the tracer's), in one line; None for other errors."""
+    import traceback
+
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
+    at = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+    if isinstance(exc, GuardOnDataDependentSymNode | DataDependentOutputException):
+        return (
+            f"engine vllm: vLLM reads values it computes with torch back into Python while it builds this model "
+            f"(at {at}), which fake tensors cannot do, so the model cannot be traced"
+        )
+    if "convert all Tensors to FakeTensors" in str(exc):
+        return (
+            f"engine vllm: vLLM builds this model with a tensor on the meta device that stays outside the "
+            f"trace's fake tensors (at {at}), so the model cannot be traced"
+        )
+    return None
+
+
 def _init_state_backend(vc: Any, groups: list[tuple[Any, list[str], Any]]) -> None:
     """The SSM state-update kernels' backend, which vLLM's model runner picks once its KV-cache groups are known
     (a Mamba layer's decode refuses to run without it)."""
@@ -307,13 +345,18 @@ class VLLMEngine(Engine):
         with set_current_vllm_config(vc):
             self._init_distributed()
             try:
-                with warnings.catch_warnings():
+                with warnings.catch_warnings(), _build_constants_faked():
                     warnings.simplefilter("ignore")  # vLLM's loader reads fake storages' addresses (harmless)
                     model = get_model(vllm_config=vc)
             except (ValueError, KeyError, TypeError, NotImplementedError, AttributeError, ImportError) as exc:
                 # vLLM's model class rejects the config (a field it expects that this transformers' config class
                 # lacks, a package it needs): nothing dooly can trace
                 raise DoolyError(f"vLLM cannot build the model: {one_line(exc)}") from None
+            except (RuntimeError, AssertionError) as exc:
+                reason = _fake_build_limit(exc)
+                if reason is None:
+                    raise
+                raise DoolyError(reason) from None
             # by vLLM's own layer names (the prefix each layer registered, which its metadata lookup uses; a
             # model may hold a layer under another module path)
             # every layer vLLM's KV-cache manager serves: attention (paged KV), latent attention (paged latent
