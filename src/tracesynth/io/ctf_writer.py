@@ -37,6 +37,8 @@ import re
 import uuid as uuidlib
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import BinaryIO
 
 import numpy as np
 
@@ -95,6 +97,58 @@ def _check_names(names: list[str], directory: Path) -> None:
                 "quotes, backslashes or commas)",
                 directory,
             )
+
+
+def _tsdl_classes(classes: list[tuple[str, bool]], with_cpu: bool, without_cpu: bool, with_context: bool) -> list[str]:
+    """The TSDL stream and event blocks."""
+    lines: list[str] = []
+    context = [
+        "\tevent.context := struct {",
+        f"\t\t{_INT.format(size=32, signed=1)} _tid;",
+        "\t\tstring _procname;",
+        "\t};",
+    ]
+    base_pc = [
+        "\t\tuint64_clock_monotonic_t timestamp_begin;",
+        "\t\tuint64_clock_monotonic_t timestamp_end;",
+        "\t\tuint64_t content_size;",
+        "\t\tuint64_t packet_size;",
+        "\t\tuint64_t packet_seq_num;",
+        "\t\tuint64_t events_discarded;",
+    ]
+    stream_ids = ([0] if with_cpu else []) + ([1] if without_cpu else [])
+    for sid in stream_ids:
+        cpu_line = ["\t\tuint32_t cpu_id;"] if sid == 0 else []
+        lines += [
+            "stream {",
+            f"\tid = {sid};",
+            "\tevent.header := struct event_header;",
+            "\tpacket.context := struct {",
+            *base_pc,
+            *cpu_line,
+            "\t};",
+            *(context if with_context else []),
+            "};",
+            "",
+        ]
+    for sid in stream_ids:
+        for i, (name, has_ret) in enumerate(classes):
+            fields = []
+            if has_ret:
+                fields.append(f"\t\t{_INT.format(size=64, signed=1)} _ret;")
+            if name == "sched_switch":
+                fields += [
+                    f"\t\t{_CHAR} _prev_comm[{TASK_COMM_LEN}];",
+                    f"\t\t{_INT.format(size=32, signed=1)} _prev_tid;",
+                    f"\t\t{_INT.format(size=32, signed=1)} _prev_prio;",
+                    f"\t\t{_INT.format(size=64, signed=1)} _prev_state;",
+                    f"\t\t{_CHAR} _next_comm[{TASK_COMM_LEN}];",
+                    f"\t\t{_INT.format(size=32, signed=1)} _next_tid;",
+                    f"\t\t{_INT.format(size=32, signed=1)} _next_prio;",
+                ]
+            body = ["\tfields := struct {", *fields, "\t};"] if fields else []
+            lines += ["event {", f'\tname = "{name}";', f"\tid = {i};", f"\tstream_id = {sid};", *body, "};", ""]
+    return lines
 
 
 def _metadata_text(
@@ -159,52 +213,7 @@ def _metadata_text(
         "};",
         "",
     ]
-    context = [
-        "\tevent.context := struct {",
-        f"\t\t{_INT.format(size=32, signed=1)} _tid;",
-        "\t\tstring _procname;",
-        "\t};",
-    ]
-    base_pc = [
-        "\t\tuint64_clock_monotonic_t timestamp_begin;",
-        "\t\tuint64_clock_monotonic_t timestamp_end;",
-        "\t\tuint64_t content_size;",
-        "\t\tuint64_t packet_size;",
-        "\t\tuint64_t packet_seq_num;",
-        "\t\tuint64_t events_discarded;",
-    ]
-    stream_ids = ([0] if with_cpu else []) + ([1] if without_cpu else [])
-    for sid in stream_ids:
-        cpu_line = ["\t\tuint32_t cpu_id;"] if sid == 0 else []
-        lines += [
-            "stream {",
-            f"\tid = {sid};",
-            "\tevent.header := struct event_header;",
-            "\tpacket.context := struct {",
-            *base_pc,
-            *cpu_line,
-            "\t};",
-            *(context if with_context else []),
-            "};",
-            "",
-        ]
-    for sid in stream_ids:
-        for i, (name, has_ret) in enumerate(classes):
-            fields = []
-            if has_ret:
-                fields.append(f"\t\t{_INT.format(size=64, signed=1)} _ret;")
-            if name == "sched_switch":
-                fields += [
-                    f"\t\t{_CHAR} _prev_comm[{TASK_COMM_LEN}];",
-                    f"\t\t{_INT.format(size=32, signed=1)} _prev_tid;",
-                    f"\t\t{_INT.format(size=32, signed=1)} _prev_prio;",
-                    f"\t\t{_INT.format(size=64, signed=1)} _prev_state;",
-                    f"\t\t{_CHAR} _next_comm[{TASK_COMM_LEN}];",
-                    f"\t\t{_INT.format(size=32, signed=1)} _next_tid;",
-                    f"\t\t{_INT.format(size=32, signed=1)} _next_prio;",
-                ]
-            body = ["\tfields := struct {", *fields, "\t};"] if fields else []
-            lines += ["event {", f'\tname = "{name}";', f"\tid = {i};", f"\tstream_id = {sid};", *body, "};", ""]
+    lines += _tsdl_classes(classes, with_cpu, without_cpu, with_context)
     return "\n".join(lines)
 
 
@@ -388,29 +397,67 @@ def _stream_class_ctf2(sid: int, with_context: bool) -> dict:
     return frag
 
 
-def write_ctf(
-    trace: Trace,
-    directory: str | Path,
-    packet_bytes: int = 1 << 20,
-    chunk_rows: int = 1 << 20,
-    on_progress: Callable[[int], None] | None = None,
-    context: bool = True,
-    ctf_version: str = "1.8",
-) -> Path:
-    """Write `trace` as an LTTng-style CTF trace directory, atomically (replaces `directory`).
+def _write_stream(
+    f: BinaryIO,
+    c: int | None,
+    stream_no: int,
+    rows: np.ndarray,
+    x: SimpleNamespace,
+    packet_bytes: int,
+    chunk_rows: int,
+    context: bool,
+    on_progress: Callable[[int], None] | None,
+) -> None:
+    """One stream file: the rows of CPU `c` (None: no CPU), chunk by chunk, in packets."""
+    pkt_dtype = _PKT_DTYPE if c is None else np.dtype(_PKT_DTYPE.descr + [("cpu_id", "<u4")])
+    seq = 0
+    sw_pos = np.flatnonzero(x.is_switch[rows])
+    switch_all = _switch_payload(sw_pos, x.tid[rows], x.comm_codes[rows], x.comm_bytes, c) if len(sw_pos) else None
+    for lo in range(0, len(rows), chunk_rows):
+        r = rows[lo : lo + chunk_rows]
+        isw = x.is_switch[r]
+        sw = None
+        if switch_all is not None and isw.any():
+            a, b = np.searchsorted(sw_pos, [lo, lo + len(r)])
+            sw = switch_all[a:b]
+        body, end = _records(
+            x.class_id[r],
+            x.cycles[r],
+            x.tid[r],
+            x.comm_codes[r],
+            x.comm_bytes,
+            x.ret[r],
+            x.has_ret[r],
+            sw,
+            isw,
+            context,
+        )
+        # packets: cut where the running size crosses a multiple of packet_bytes
+        start = end - np.diff(np.concatenate([[0], end]))
+        cuts = np.flatnonzero(np.diff(start // packet_bytes)) + 1
+        bounds = np.concatenate([[0], cuts, [len(r)]])
+        for i0, i1 in zip(bounds[:-1], bounds[1:], strict=True):
+            b0, b1 = int(start[i0]), int(end[i1 - 1])
+            hdr = np.zeros(1, dtype=pkt_dtype)
+            hdr["magic"] = CTF_MAGIC
+            hdr["uuid"] = x.uuid
+            hdr["stream_id"] = 0 if c is not None else 1
+            hdr["stream_instance_id"] = stream_no
+            hdr["timestamp_begin"] = x.cycles[r[i0]]
+            hdr["timestamp_end"] = x.cycles[r[i1 - 1]]
+            hdr["content_size"] = hdr["packet_size"] = (pkt_dtype.itemsize + b1 - b0) * 8
+            hdr["packet_seq_num"] = seq
+            if c is not None:
+                hdr["cpu_id"] = c
+            seq += 1
+            f.write(hdr.tobytes())
+            f.write(body[b0:b1].tobytes())
+        if on_progress is not None:
+            on_progress(len(r))
 
-    `on_progress` receives the number of events written after each chunk. With context=False
-    events carry no tid/procname context, like a plain `lttng enable-event -k` session: readers
-    then derive threads from sched_switch (rows before a CPU's first switch read back as null).
-    ctf_version "1.8" (TSDL metadata; Debian's babeltrace2 2.0 and Trace Compass read it) or "2"
-    (JSON metadata as LTTng 2.15 writes by default; the data streams are the same bytes).
-    """
-    directory = Path(directory)
-    if ctf_version not in CTF_VERSIONS:
-        raise TraceSynthError(f"unknown CTF version {ctf_version!r} (choose from {', '.join(CTF_VERSIONS)})")
-    n = len(trace)
-    if n == 0:
-        raise TraceSynthError("the trace has no events; nothing to write", directory)
+
+def _columns(trace: Trace, directory: Path) -> SimpleNamespace:
+    """The trace's columns as the records need them (TraceSynthError for what CTF cannot hold)."""
     ev_codes, ev_names = trace.codes("event")
     _check_names(ev_names, directory)
     ts = trace.ts.astype(np.int64)
@@ -444,66 +491,66 @@ def write_ctf(
     switch_code = ev_names.index("sched_switch") if "sched_switch" in ev_names else -2
     is_switch_all = ev_codes == switch_code
 
+    return SimpleNamespace(
+        offset_s=offset_s,
+        cycles=cycles,
+        tid=tid,
+        comm_codes=comm_codes,
+        comm_bytes=comm_bytes,
+        ret=ret,
+        has_ret=has_ret,
+        cpu=cpu,
+        cpu_valid=cpu_valid,
+        classes=classes,
+        class_id=class_id,
+        is_switch=is_switch_all,
+    )
+
+
+def write_ctf(
+    trace: Trace,
+    directory: str | Path,
+    packet_bytes: int = 1 << 20,
+    chunk_rows: int = 1 << 20,
+    on_progress: Callable[[int], None] | None = None,
+    context: bool = True,
+    ctf_version: str = "1.8",
+) -> Path:
+    """Write `trace` as an LTTng-style CTF trace directory, atomically (replaces `directory`).
+
+    `on_progress` receives the number of events written after each chunk. With context=False
+    events carry no tid/procname context, like a plain `lttng enable-event -k` session: readers
+    then derive threads from sched_switch (rows before a CPU's first switch read back as null).
+    ctf_version "1.8" (TSDL metadata; Debian's babeltrace2 2.0 and Trace Compass read it) or "2"
+    (JSON metadata as LTTng 2.15 writes by default; the data streams are the same bytes).
+    """
+    directory = Path(directory)
+    if ctf_version not in CTF_VERSIONS:
+        raise TraceSynthError(f"unknown CTF version {ctf_version!r} (choose from {', '.join(CTF_VERSIONS)})")
+    n = len(trace)
+    if n == 0:
+        raise TraceSynthError("the trace has no events; nothing to write", directory)
+    x = _columns(trace, directory)
     trace_uuid = uuidlib.uuid4()
     meta_text = (_metadata_ctf2 if ctf_version == "2" else _metadata_text)(
         trace_uuid,
-        offset_s,
-        classes,
-        bool(cpu_valid.any()),
-        bool((~cpu_valid).any()),
+        x.offset_s,
+        x.classes,
+        bool(x.cpu_valid.any()),
+        bool((~x.cpu_valid).any()),
         dict(trace.metadata),
         with_context=context,
     )
-    uuid_bytes = np.frombuffer(trace_uuid.bytes, dtype=np.uint8)
-    streams = [(int(c), np.flatnonzero(cpu_valid & (cpu == c))) for c in np.unique(cpu[cpu_valid])]
-    if (~cpu_valid).any():
-        streams.append((None, np.flatnonzero(~cpu_valid)))
-
+    x.uuid = np.frombuffer(trace_uuid.bytes, dtype=np.uint8)
+    cpu, ok = x.cpu, x.cpu_valid
+    streams = [(int(c), np.flatnonzero(ok & (cpu == c))) for c in np.unique(cpu[ok])]
+    if (~ok).any():
+        streams.append((None, np.flatnonzero(~ok)))
     with atomic_path(directory, directory=True, contents=("metadata", "channel0_*")) as tmp:
         tmp.chmod(0o755)  # mkdtemp makes it private; a trace directory is meant to be shared
         (tmp / "metadata").write_text(meta_text, encoding="utf-8")
         for stream_no, (c, rows) in enumerate(streams):
             name = f"channel0_{c}" if c is not None else "channel0_nocpu"
-            pkt_dtype = _PKT_DTYPE if c is None else np.dtype(_PKT_DTYPE.descr + [("cpu_id", "<u4")])
-            seq = 0
-            s_tid, s_comm = tid[rows], comm_codes[rows]
-            sw_pos = np.flatnonzero(is_switch_all[rows])
-            switch_all = _switch_payload(sw_pos, s_tid, s_comm, comm_bytes, c) if len(sw_pos) else None
             with open(tmp / name, "wb") as f:
-                for lo in range(0, len(rows), chunk_rows):
-                    r = rows[lo : lo + chunk_rows]
-                    isw = is_switch_all[r]
-                    sw = None
-                    if switch_all is not None and isw.any():
-                        a, b = np.searchsorted(sw_pos, [lo, lo + len(r)])
-                        sw = switch_all[a:b]
-                    body, end = _records(
-                        class_id[r], cycles[r], tid[r], comm_codes[r], comm_bytes, ret[r], has_ret[r], sw, isw, context
-                    )
-                    # packets: cut where the running size crosses a multiple of packet_bytes
-                    start = end - np.diff(np.concatenate([[0], end]))
-                    pk = start // packet_bytes
-                    cuts = np.flatnonzero(np.diff(pk)) + 1
-                    bounds = np.concatenate([[0], cuts, [len(r)]])
-                    for i0, i1 in zip(bounds[:-1], bounds[1:], strict=True):
-                        b0 = int(start[i0])
-                        b1 = int(end[i1 - 1])
-                        hdr = np.zeros(1, dtype=pkt_dtype)
-                        hdr["magic"] = CTF_MAGIC
-                        hdr["uuid"] = uuid_bytes
-                        hdr["stream_id"] = 0 if c is not None else 1
-                        hdr["stream_instance_id"] = stream_no
-                        hdr["timestamp_begin"] = cycles[r[i0]]
-                        hdr["timestamp_end"] = cycles[r[i1 - 1]]
-                        size_bits = (pkt_dtype.itemsize + b1 - b0) * 8
-                        hdr["content_size"] = size_bits
-                        hdr["packet_size"] = size_bits
-                        hdr["packet_seq_num"] = seq
-                        if c is not None:
-                            hdr["cpu_id"] = c
-                        seq += 1
-                        f.write(hdr.tobytes())
-                        f.write(body[b0:b1].tobytes())
-                    if on_progress is not None:
-                        on_progress(len(r))
+                _write_stream(f, c, stream_no, rows, x, packet_bytes, chunk_rows, context, on_progress)
     return directory
