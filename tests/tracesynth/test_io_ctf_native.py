@@ -349,3 +349,21 @@ def test_cli_exports_ctf2(tmp_path: Path, capsys: pytest.CaptureFixture[str], mo
     assert _read(tmp_path / "ctf", "native") == trace
     assert cli("export", tmp_path / "t.parquet", "--to", "ctf", "--ctf-version", "3", tmp_path / "bad") == 1
     assert "unknown CTF version '3'" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_core_that_cannot_compile_falls_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numba that cannot build the core (another version, a broken LLVM) costs speed, not the read."""
+    pytest.importorskip("numba")
+    from tracesynth.io.ctf import fast, stream
+
+    def broken(k: object) -> None:
+        raise RuntimeError("no LLVM today")
+
+    wants = _all_fields(PERF_CTF)
+    ref = _decode(monkeypatch, PERF_CTF, wants, core=False)
+    monkeypatch.setattr(fast, "_KERNELS", {})
+    monkeypatch.setattr(fast, "_warm_up", broken)
+    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 0)
+    with pytest.warns(UserWarning, match="compiled CTF core is unavailable"):
+        got = decode_trace(PERF_CTF, wants)
+    _assert_same(got, ref)

@@ -18,6 +18,7 @@ every stream uses the Python path.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -564,19 +565,43 @@ _KERNELS: dict[str, Any] = {}
 
 def kernels() -> SimpleNamespace | None:
     """The compiled functions (numba imported and its cache loaded on the first call: about a
-    second and 150 MB), or None where numba is not installed."""
+    second and 150 MB), or None where numba is not installed or cannot compile them (a warning;
+    the Python decoder reads everything then)."""
     if "k" not in _KERNELS:
+        _KERNELS["k"] = None
         try:
             from numba import njit
         except ImportError:  # numba is a dependency of the tracesynth extra; without it, Python
-            _KERNELS["k"] = None
             return None
         jit = njit(cache=True, nogil=True)
         g = globals()
-        g["_read_int"], g["_leb"] = jit(_read_int), jit(_leb)  # _data and _run call them: compiled first
-        g["_data"] = jit(_data)
-        _KERNELS["k"] = SimpleNamespace(run=jit(_run), intern=jit(intern), first_seen=jit(first_seen))
+        for name in ("_read_int", "_leb", "_data"):  # _run calls them: they are compiled first
+            g[name] = jit(getattr(g[name], "py_func", g[name]))
+        k = SimpleNamespace(run=jit(_run), intern=jit(intern), first_seen=jit(first_seen))
+        try:  # compiled (or loaded from the cache) here, once, rather than in the middle of a trace
+            _warm_up(k)
+        except Exception as exc:  # noqa: BLE001 - any numba failure: fall back, never crash a read
+            warnings.warn(
+                f"the compiled CTF core is unavailable ({type(exc).__name__}); decoding in Python", stacklevel=2
+            )
+            return None
+        _KERNELS["k"] = k
     return _KERNELS["k"]
+
+
+def _warm_up(k: SimpleNamespace) -> None:
+    z8, z64 = np.frombuffer(bytes(8), dtype=np.uint8), np.zeros(1, dtype=np.int64)  # read-only, as a mapped file
+    k.first_seen(np.zeros(1, dtype=np.int32), 1)
+    k.intern(z8, z64, z64, np.zeros(1, dtype=np.uint8))
+    code = np.zeros((1, 5), dtype=np.int64)  # END at once: no event read
+    cols = (
+        z64.copy(),
+        np.zeros(1, dtype=np.uint64),
+        z64.copy(),
+        np.zeros((1, 1), np.int64),
+        np.zeros((1, 1), np.int64),
+    )
+    k.run(z8, 0, 8, 0, 0, np.uint64(0), 0, 1, code, z64.copy(), 0, *cols, np.zeros((1, 1), dtype=np.uint8))
 
 
 def loaded() -> SimpleNamespace | None:
