@@ -290,6 +290,11 @@ def _batches(
         )
 
 
+def _mask(valid: np.ndarray) -> np.ndarray | None:
+    """The null mask, or None when every row is valid (no validity bitmap for readers to scan)."""
+    return None if valid.all() else ~valid
+
+
 def _record_batch(
     fields: Sequence[Any], ts: np.ndarray, event: np.ndarray, names: dict, cols: list, words: list
 ) -> tuple[pa.RecordBatch, int]:
@@ -303,12 +308,12 @@ def _record_batch(
         "event": pa.DictionaryArray.from_arrays(
             pa.array(codes, pa.int32()), pa.array([every[i] for i in order.tolist()], pa.string())
         ),
-        "cpu": pa.array(cpu.astype(np.int32), pa.int32(), mask=~cpu_ok),
+        "cpu": pa.array(cpu.astype(np.int32), pa.int32(), mask=_mask(cpu_ok)),
     }
     bad = np.zeros(len(ts), dtype=bool)
     for j, (f, (vals, valid)) in enumerate(zip(fields, cols[:-1], strict=True)):
         if f.kind == "int":
-            out[f.out] = pa.array(vals, pa.int64(), mask=~valid)
+            out[f.out] = pa.array(vals, pa.int64(), mask=_mask(valid))
         else:
             out[f.out], rows = words[j].column(vals)
             if rows is not None:
