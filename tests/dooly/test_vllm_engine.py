@@ -179,6 +179,20 @@ def test_a_latent_attention_model_traces_as_its_real_step(engine, phase) -> None
     assert attn.symbols() == ({"requests", "tokens"} if phase == "prefill" else {"requests", "kv_len"})
 
 
+@pytest.mark.slow
+def test_latent_attention_is_profiled_at_each_context_length(engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the point of dooly's op around vLLM's: a decode over 2050 cached tokens is timed apart from one over 8
+    mla = "dooly_vllm.mla_attention.default"
+    cfg = {**LATENT, "max_position_embeddings": 4096}  # the grid stops at the model's context
+    with ProfileStore(tmp_path / "p.db") as store:
+        plan = make_plan([cfg], store, engine, GridSpec((2,), (4,), (1, 2), (8, 2050)), threads=1)
+        stats = run_plan(plan, store, engine, threads=1)
+        assert stats["failed"] == 0
+        sig = next(k for k, v in plan.models[0].needs["decode"].items() if v.signature.op == mla)
+        pts = {int(p["kv_len"]): m.median_s for p, m in store.points(plan.ctx, sig) if int(p["requests"]) == 2}
+    assert pts[2050] > pts[8] > 0
+
+
 def test_a_latent_head_size_without_a_cpu_kernel_is_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
     # vLLM builds it, but its CPU MLA decode kernel exists for 512 + 64 only
     with pytest.raises(DoolyError, match="head sizes") as err:
