@@ -64,10 +64,23 @@ def run_demo(workdir: str | Path, quick: bool = False, grid: str = "default") ->
     rate = queueing_rate(db, VALIDATE_MODEL)
     console.print(f"sweep load: {rate:g} requests/s, the simulated capacity at max_num_seqs=16")
     _run(
-        ["simulate", VALIDATE_MODEL, "--db", str(db), "--workload", f"poisson:rate={rate:g},{SIM_REQUESTS}", "--sweep",
-         "--slo-ttft", SWEEP_SLO[0], "--slo-tpot", SWEEP_SLO[1], "-o", str(workdir / "sweep.csv")],
+        [
+            "simulate",
+            VALIDATE_MODEL,
+            "--db",
+            str(db),
+            "--workload",
+            f"poisson:rate={rate:g},{SIM_REQUESTS}",
+            "--sweep",
+            "--slo-ttft",
+            SWEEP_SLO[0],
+            "--slo-tpot",
+            SWEEP_SLO[1],
+            "-o",
+            str(workdir / "sweep.csv"),
+        ],
         console,
-    )  # fmt: skip
+    )
     _run(["export-vidur", VALIDATE_MODEL, "--db", str(db), "-o", str(workdir / "vidur" / VALIDATE_MODEL)], console)
     report = workdir / "dooly-report.html"
     _run(["report", "--db", str(db), "-o", str(report)], console)

@@ -187,8 +187,9 @@ class OverheadModel:
         return max(ops_sum, host) if self.overlapped else float(c[0] * ops_sum) + host
 
     @classmethod
-    def fit(cls, rows: Sequence[tuple[str, float, int, Mapping[str, int], float]],
-            overlapped: bool = False) -> OverheadModel:  # fmt: skip
+    def fit(
+        cls, rows: Sequence[tuple[str, float, int, Mapping[str, int], float]], overlapped: bool = False
+    ) -> OverheadModel:
         """Rows: (phase, predicted op sum, records in the pass, request values, measured forward seconds)."""
         from scipy.optimize import nnls
 
@@ -239,17 +240,25 @@ def fresh_output_bytes(sig: object, values: Mapping[str, int]) -> int:
     full = {"requests": 1, "tokens": 1, "kv_len": 0, **values}
     try:
         args, kwargs = sig.build_call(  # type: ignore[attr-defined]
-            full, lambda _i, spec, shape, stride: torch.empty_strided(
-                shape, stride if stride is not None else contiguous_stride(shape), dtype=getattr(torch, spec.dtype),
-                device="meta"))  # fmt: skip
+            full,
+            lambda _i, spec, shape, stride: torch.empty_strided(
+                shape,
+                stride if stride is not None else contiguous_stride(shape),
+                dtype=getattr(torch, spec.dtype),
+                device="meta",
+            ),
+        )
         args, kwargs = tree_map(lambda x: torch.device("meta") if isinstance(x, torch.device) else x, (args, kwargs))
         ns, op, overload = sig.op.split(".")  # type: ignore[attr-defined]
         with torch.no_grad():
             out = getattr(getattr(getattr(torch.ops, ns), op), overload)(*args, **kwargs)
         # an output sharing an input's storage (a view, _unsafe_view, an in-place op) allocates nothing
         ins = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        outs = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
-                if isinstance(t, torch.Tensor)}  # fmt: skip
+        outs = {
+            t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+            for t in tree_flatten(out)[0]
+            if isinstance(t, torch.Tensor)
+        }
         n = sum(b for k, b in outs.items() if k not in ins)
     except Exception:  # no meta kernel, or an op that needs real data: no fault term for it
         n = 0
@@ -401,11 +410,15 @@ class Predictor:
                     from dooly.profiler.savings import profiled_models
 
                     if not any(m.name != name for m in profiled_models(store, ctx)):
-                        raise DoolyError(f"{db_path}: it holds no profiled model but {name}, so nothing to predict "
-                                         "it from with zero new points (profile other models into it)")  # fmt: skip
-                    raise DoolyError(f"{db_path}: {n} signatures of {name} are of operator kinds no shape model "
-                                     "covers (the DB's other models measured too few signatures of them), so they "
-                                     "cannot be predicted from shape alone")  # fmt: skip
+                        raise DoolyError(
+                            f"{db_path}: it holds no profiled model but {name}, so nothing to predict "
+                            "it from with zero new points (profile other models into it)"
+                        )
+                    raise DoolyError(
+                        f"{db_path}: {n} signatures of {name} are of operator kinds no shape model "
+                        "covers (the DB's other models measured too few signatures of them), so they "
+                        "cannot be predicted from shape alone"
+                    )
             if strict:
                 _require_complete(traces, pts_model, complete, name, model, db_path, ctx.hardware)
             if method == "auto":
@@ -415,9 +428,16 @@ class Predictor:
             pred.shape_predicted = fills
             pred.page_cost_s_per_byte = page_cost(store, ctx)
             # with the shape model's points: a --budget profile's own calibration forwards ran every signature
-            pred.overhead = fit_overhead(store, ctx, engine, pts_model, method, own=None if holdout else name,
-                                         exclude=name if holdout else None,
-                                         signatures=pred.signature_keys())  # fmt: skip
+            pred.overhead = fit_overhead(
+                store,
+                ctx,
+                engine,
+                pts_model,
+                method,
+                own=None if holdout else name,
+                exclude=name if holdout else None,
+                signatures=pred.signature_keys(),
+            )
         return pred
 
     def shape_share(self, phase: str, values: Mapping[str, int]) -> tuple[float, float]:
@@ -454,8 +474,11 @@ class Predictor:
         from dooly.profiler.timing import MMAP_MAX_BYTES
 
         if phase not in self._large_outputs:
-            self._large_outputs[phase] = [(s, m) for s, m in self._passes[phase].unique().items()  # type: ignore[attr-defined]
-                                          if fresh_output_bytes(s, _SCREEN_VALUES) >= MMAP_MAX_BYTES]  # fmt: skip
+            self._large_outputs[phase] = [
+                (s, m)
+                for s, m in self._passes[phase].unique().items()  # type: ignore[attr-defined]
+                if fresh_output_bytes(s, _SCREEN_VALUES) >= MMAP_MAX_BYTES
+            ]
         nbytes = 0
         for s, mult in self._large_outputs[phase]:
             b = fresh_output_bytes(s, values)
@@ -493,8 +516,11 @@ class Predictor:
             if batch.decode:
                 b, kv = len(batch.decode), max(batch.decode)
                 base = min(kv, _flat_kv_base())
-                total += max(0.0, self.forward_latency("decode", {"requests": b, "kv_len": kv})
-                             - self.forward_latency("decode", {"requests": b, "kv_len": base}))  # fmt: skip
+                total += max(
+                    0.0,
+                    self.forward_latency("decode", {"requests": b, "kv_len": kv})
+                    - self.forward_latency("decode", {"requests": b, "kv_len": base}),
+                )
             return total
         total = 0.0
         for new, _cached in batch.prefill:
@@ -576,8 +602,16 @@ def method_errors(
     return out
 
 
-def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclude: str | None = None,  # type: ignore[no-untyped-def]
-                 signatures: Collection[str] = ()) -> OverheadModel:  # fmt: skip
+def fit_overhead(
+    store,
+    ctx,
+    engine,
+    pts,
+    method,
+    own: str | None = None,
+    exclude: str | None = None,  # type: ignore[no-untyped-def]
+    signatures: Collection[str] = (),
+) -> OverheadModel:
     """Fit the framework overhead from the real forwards stored under ``ctx``.
 
     A model with calibration forwards of its own (``own``; its half-depth ones included) is fitted on those
@@ -603,13 +637,15 @@ def fit_overhead(store, ctx, engine, pts, method, own: str | None = None, exclud
             cfg_json = store.get_trace("config", variant, "config")
             if cfg_json is None:
                 continue
-            by_key[variant] = Predictor(variant, model_traces(variant, json.loads(cfg_json), engine, store), pts,
-                                        method)  # fmt: skip
+            by_key[variant] = Predictor(
+                variant, model_traces(variant, json.loads(cfg_json), engine, store), pts, method
+            )
             by_key[variant].page_cost_s_per_byte = cost  # its forwards paid them too
             sigs.setdefault(model, set()).update(by_key[variant].signature_keys())
         p = by_key[variant]
-        rows.setdefault(model, []).append((phase, p.ops_latency(phase, values), p.records_at(phase, values), values,
-                                           m.median_s))  # fmt: skip
+        rows.setdefault(model, []).append(
+            (phase, p.ops_latency(phase, values), p.records_at(phase, values), values, m.median_s)
+        )
     overlapped = ctx.hardware.startswith("cuda")
 
     def fit(models: Collection[str]) -> OverheadModel | None:

@@ -201,13 +201,17 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
     parts.append("<h2>Onboarding cost and cross-model reuse</h2>")
     for ctx, sv in savings_from_db(db):
         rows = _savings_rows(sv)
-        parts.append(f"<p><code>{html.escape(' / '.join(ctx.as_tuple()))}</code>: {html.escape(sv.describe())} "
-                     "(the Dooly paper reports 56.4% over 12 models on GPUs).</p>")  # fmt: skip
+        parts.append(
+            f"<p><code>{html.escape(' / '.join(ctx.as_tuple()))}</code>: {html.escape(sv.describe())} "
+            "(the Dooly paper reports 56.4% over 12 models on GPUs).</p>"
+        )
         parts.append(_table(rows, dict.fromkeys(_SPLIT, ".2f")))
         parts.append(f"<img src='{_savings_plot(rows)}'>")
     if parts[-1].startswith("<h2>"):
-        parts.append("<p><em>no models recorded as profiled in this database (a DB from before the record: "
-                     "rerunning <code>dooly profile</code> on its models records them without timing)</em></p>")
+        parts.append(
+            "<p><em>no models recorded as profiled in this database (a DB from before the record: "
+            "rerunning <code>dooly profile</code> on its models records them without timing)</em></p>"
+        )
 
     files = sorted(results.glob("*.json")) if results.is_dir() else []
     loaded = []
@@ -225,20 +229,29 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
             for row in r["table"]:
                 key = str(row["metric"]).lower()
                 spread, q_spread = noise.get(key, float("nan")), noise.get(f"{key}_quantiles", float("nan"))
-                table.append({"model": r["model"], "workload": r["workload"], **row, "run_to_run_pct": spread,
-                              "quantile_run_to_run_pct": q_spread})  # fmt: skip
+                table.append(
+                    {
+                        "model": r["model"],
+                        "workload": r["workload"],
+                        **row,
+                        "run_to_run_pct": spread,
+                        "quantile_run_to_run_pct": q_spread,
+                    }
+                )
             table.append(
                 {"model": r["model"], "workload": r["workload"], "metric": "iteration", "mape_pct": r["iteration_mape"]}
             )
         fmt = {k: ".4f" for k in ("measured_p50", "simulated_p50", "measured_mean", "simulated_mean")}
         pct = {k: ".1f" for k in ("mape_pct", "quantile_err_pct", "run_to_run_pct", "quantile_run_to_run_pct")}
         parts.append(_table(table, fmt | pct))
-        parts.append("<p>Times in seconds. MAPE is per request (TTFT, TPOT) or per iteration (predictor vs the "
-                     "measured latency of the iterations that actually ran), against each request's median over the "
-                     "real runs; run_to_run_pct is how far those real runs land apart (the noise floor: a "
-                     "prediction cannot agree with a run better than the runs agree). quantile_err_pct compares "
-                     "the distributions instead (error at p10, p25, p50, p75 and p90, averaged), with its own "
-                     "floor quantile_run_to_run_pct.</p>")  # fmt: skip
+        parts.append(
+            "<p>Times in seconds. MAPE is per request (TTFT, TPOT) or per iteration (predictor vs the "
+            "measured latency of the iterations that actually ran), against each request's median over the "
+            "real runs; run_to_run_pct is how far those real runs land apart (the noise floor: a "
+            "prediction cannot agree with a run better than the runs agree). quantile_err_pct compares "
+            "the distributions instead (error at p10, p25, p50, p75 and p90, averaged), with its own "
+            "floor quantile_run_to_run_pct.</p>"
+        )
         for r in vals:
             parts.append(
                 f"<div><img src='{_cdf_plot(r, 'ttft')}'><img src='{_cdf_plot(r, 'tpot')}'>"
@@ -253,8 +266,10 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
             parts.append(f"<h3>{html.escape(r['model'])}: {html.escape(r['workload'])}</h3>")
             parts.append(_table([r["summary"]], {}))
             if r.get("sweep"):
-                parts.append(f"<p>sweep under {html.escape(r.get('slo', ''))}; best: "
-                             f"<b>{html.escape(str(r.get('best')))}</b></p>")  # fmt: skip
+                parts.append(
+                    f"<p>sweep under {html.escape(r.get('slo', ''))}; best: "
+                    f"<b>{html.escape(str(r.get('best')))}</b></p>"
+                )
                 parts.append(_table(r["sweep"]))
             if r.get("e2e"):
                 fig, ax = _fig(5.0, 3.2)

@@ -51,8 +51,19 @@ MIN_SIGNATURES = 2
 _MAX_SIGMA = 3.0  # log-space: an interval past x20 says "unknown" as well as any wider one
 
 _MATMUL = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
-_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2,
-             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
+_ITEMSIZE = {
+    "float64": 8,
+    "int64": 8,
+    "complex64": 8,
+    "float32": 4,
+    "int32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 
 
 def kind_of(sig: Signature) -> str:
@@ -268,8 +279,9 @@ def fit_kind(
     keys = sorted(rows)
     if len(rows) == 1 and fallback is not None:
         fb, t = rows[keys[0]]
-        return KindModel(kind, _fit("roofline", fb, t), fallback.sigma, fallback.loso_mape, 1, len(t),
-                         fallback._xtx_inv)  # fmt: skip
+        return KindModel(
+            kind, _fit("roofline", fb, t), fallback.sigma, fallback.loso_mape, 1, len(t), fallback._xtx_inv
+        )
     if len(rows) < MIN_SIGNATURES:
         return None
     best: tuple[float, str, list[float]] | None = None
@@ -291,8 +303,15 @@ def fit_kind(
     t_all = np.concatenate([rows[k][1] for k in keys])
     X = _features(fb_all)
     xtx_inv = np.linalg.pinv(X.T @ X)
-    return KindModel(kind, _fit(form, fb_all, t_all), sigma, 100 * float(np.mean(np.abs(np.expm1(errs)))),
-                     len(keys), len(t_all), xtx_inv)  # fmt: skip
+    return KindModel(
+        kind,
+        _fit(form, fb_all, t_all),
+        sigma,
+        100 * float(np.mean(np.abs(np.expm1(errs)))),
+        len(keys),
+        len(t_all),
+        xtx_inv,
+    )
 
 
 @dataclass

@@ -423,8 +423,11 @@ class Signature:
     def from_dict(cls, d: Mapping[str, Any]) -> Signature:
         args = d["args"]
         decoded = json.loads(args) if isinstance(args, str) else None
-        if not (isinstance(decoded, dict) and isinstance(decoded.get("args"), list)
-                and isinstance(decoded.get("kwargs"), dict)):  # fmt: skip
+        if not (
+            isinstance(decoded, dict)
+            and isinstance(decoded.get("args"), list)
+            and isinstance(decoded.get("kwargs"), dict)
+        ):
             raise DoolyError(
                 f'bad signature args {str(args)[:60]!r}: expected JSON {{"args": [...], "kwargs": {{...}}}}'
             )
@@ -459,8 +462,13 @@ class OpRecord:
     view: bool = False  # view / metadata-only op (no kernel, no data movement)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sig": self.signature.key, "order": self.order, "module": self.module, "layer": self.layer,
-                "view": self.view}  # fmt: skip
+        return {
+            "sig": self.signature.key,
+            "order": self.order,
+            "module": self.module,
+            "layer": self.layer,
+            "view": self.view,
+        }
 
 
 @dataclass

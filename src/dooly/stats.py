@@ -49,5 +49,6 @@ def quantile_spread_pct(samples: np.ndarray, qs: tuple[float, ...] = QUANTILES) 
     x = np.asarray(samples, dtype=float)
     if x.ndim != 2 or x.shape[0] < 2:
         return float("nan")
-    return spread_pct(np.stack([np.quantile(r[np.isfinite(r)], qs) if np.isfinite(r).any()
-                                else np.full(len(qs), np.nan) for r in x]))  # fmt: skip
+    return spread_pct(
+        np.stack([np.quantile(r[np.isfinite(r)], qs) if np.isfinite(r).any() else np.full(len(qs), np.nan) for r in x])
+    )

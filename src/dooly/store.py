@@ -160,9 +160,10 @@ _SHALLOW = (
 _TEXT = "typeof({c})='text'"
 _TIMING = "typeof({c}) IN ('real','integer') AND {c} >= 0 AND {c} < 1e6"  # seconds: no NaN, inf or negative
 _POINT = _json(
-    "point", "object",
+    "point",
+    "object",
     "NOT EXISTS (SELECT 1 FROM json_each(point) WHERE type NOT IN ('integer','real') OR abs(value) >= 9.2e18)",
-)  # fmt: skip
+)
 _CONTEXT = {c: _TEXT for c in ("hardware", "engine", "backend", "dtype")}
 _MEASURED = {
     **{c: _TIMING for c in ("median_s", "p10_s", "p90_s", "cost_s")},

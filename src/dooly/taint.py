@@ -129,8 +129,14 @@ def _render(e: sympy.Basic) -> str:
 
 
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
-_REL = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=", "GreaterThan": ">=",
-        "StrictGreaterThan": ">"}  # fmt: skip
+_REL = {
+    "Equality": "==",
+    "Unequality": "!=",
+    "StrictLessThan": "<",
+    "LessThan": "<=",
+    "GreaterThan": ">=",
+    "StrictGreaterThan": ">",
+}
 
 
 def render_guard(expr: sympy.Basic) -> str:
@@ -302,8 +308,9 @@ def _hint(x: Any) -> Any:
 
 def _polar(abs: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
     shape = torch.broadcast_shapes(abs.shape, angle.shape)
-    return torch.empty(shape, dtype=torch.complex128 if abs.dtype == torch.float64 else torch.complex64,
-                       device=abs.device)  # fmt: skip
+    return torch.empty(
+        shape, dtype=torch.complex128 if abs.dtype == torch.float64 else torch.complex64, device=abs.device
+    )
 
 
 def _decomposed(op: Any) -> Callable[..., torch.Tensor]:

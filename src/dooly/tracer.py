@@ -104,8 +104,10 @@ def _engine_frame(exc: BaseException) -> str:
 
 def _no_fake_impl(exc: UnsupportedOperatorException, where: str) -> DoolyError:
     """A custom op (an engine's compiled kernel) with no shape-only implementation cannot run on fake tensors."""
-    return DoolyError(f"the engine calls {exc.func} in {where}, an op with no fake (shape-only) implementation, "
-                      "so the model cannot be traced")  # fmt: skip
+    return DoolyError(
+        f"the engine calls {exc.func} in {where}, an op with no fake (shape-only) implementation, "
+        "so the model cannot be traced"
+    )
 
 
 def trace_model(
@@ -175,8 +177,10 @@ def _trace_once(
         real = real_run_failure(engine, config, None, values)
         if real is not None:
             raise DoolyError(f"the engine cannot build this model even on real tensors ({real})") from None
-        raise DoolyError(f"the model builds on real tensors but not on fake ones, so it cannot be traced "
-                         f"({one_line(exc)} at {_engine_frame(exc)})") from None  # fmt: skip
+        raise DoolyError(
+            f"the model builds on real tensors but not on fake ones, so it cannot be traced "
+            f"({one_line(exc)} at {_engine_frame(exc)})"
+        ) from None
     requests = syms.new("requests", values["requests"])
     if phase == "prefill":
         shape = RequestShape.prefill(requests, syms.new("tokens", values["tokens"]))
@@ -187,8 +191,13 @@ def _trace_once(
     t_build = time.perf_counter() - t0
 
     try:
-        with syms.fake_mode, _composites_symbolic(), syms.int_sites(), engine.tracing_context(), \
-                _module_tracking(model) as stack:
+        with (
+            syms.fake_mode,
+            _composites_symbolic(),
+            syms.int_sites(),
+            engine.tracing_context(),
+            _module_tracking(model) as stack,
+        ):
             recorder = OpRecorder(syms, engine.engine_id, lambda: stack[-1] if stack else "")
             with recorder:
                 inputs = engine.prepare(model, shape)  # tracked for values (the cache prefill), not recorded

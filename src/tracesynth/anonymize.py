@@ -68,10 +68,23 @@ def anonymize_metadata(metadata: dict[str, Any], shift_time: bool = False) -> di
 # syscalls whose return value is a tid / pid / pgid / sid (as LTTng, perf and our strace reader name them)
 ID_SYSCALLS = frozenset(
     {
-        "gettid", "getpid", "getppid", "getpgrp", "getpgid", "getsid", "setsid",
-        "clone", "clone3", "fork", "vfork", "wait4", "waitid", "waitpid", "set_tid_address",
+        "gettid",
+        "getpid",
+        "getppid",
+        "getpgrp",
+        "getpgid",
+        "getsid",
+        "setsid",
+        "clone",
+        "clone3",
+        "fork",
+        "vfork",
+        "wait4",
+        "waitid",
+        "waitpid",
+        "set_tid_address",
     }
-)  # fmt: skip
+)
 _EXIT_PREFIXES = ("syscall_exit_", "compat_syscall_exit_")
 
 

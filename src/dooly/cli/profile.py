@@ -36,22 +36,29 @@ _DTYPE = typer.Option("bfloat16", "--dtype", help="Weight/activation dtype of th
 _GRID = typer.Option("default", "--grid", help="Request-value grid: default (small models on a CPU) or tiny.")
 _ENGINE = typer.Option(DEFAULT_ENGINE, "--engine", help="Inference engine: hf-eager (default) or vllm.")
 _BUDGET = typer.Option(
-    None, "--budget", min=0,
+    None,
+    "--budget",
+    min=0,
     help="Measure at most N of the new signatures the shape model can predict (the least certain first); "
     "the rest are predicted from shape (validate with --shape). Signatures no shape model covers are always "
     "measured. Default: measure every new signature.",
-)  # fmt: skip
+)
 _CALIBRATE = typer.Option(
-    "all", "--calibrate", metavar="POLICY",
+    "all",
+    "--calibrate",
+    metavar="POLICY",
     help="Calibration forwards (real forwards that fit the framework overhead): all (every model, at its depth and "
     "half of it, two rounds), check (one forward per phase against the overhead fitted on the DB's other models; "
     "the full set only if it misses), or none (the shared fit, unchecked).",
-)  # fmt: skip
+)
 _BUDGET_S = typer.Option(
-    None, "--budget-seconds", min=0.0, metavar="S",
+    None,
+    "--budget-seconds",
+    min=0.0,
+    metavar="S",
     help="As --budget, but a cap on predicted profiling device time: the signatures no shape model covers are "
     "measured first, then the least certain of the rest while their predicted cost fits in S seconds.",
-)  # fmt: skip
+)
 
 
 def _clock(seconds: float) -> str:
@@ -165,12 +172,15 @@ def _print_savings(plan, store, predicted=(), calibration: str | None = "all") -
         t.add_column(col, justify="right" if col != "model" else "left")
     for r in sv.models:
         costs = (r.trace_s, r.profile_alone_s, r.profile_s, r.calib_alone_s, r.calib_s, r.alone_s, r.marginal_s)
-        t.add_row(r.name, str(r.signatures), str(r.new), str(r.reused_models), str(r.reused_db),
-                  *(f"{c:.1f}" for c in costs))  # fmt: skip
+        t.add_row(
+            r.name, str(r.signatures), str(r.new), str(r.reused_models), str(r.reused_db), *(f"{c:.1f}" for c in costs)
+        )
     out.print(t)
     out.print(f"onboarding cost: {sv.describe()}")
-    out.print(f"to profile now: {len(plan.jobs)} jobs, {plan.todo_points} points; "
-              f"{len(plan.in_db)} signatures already in the DB")  # fmt: skip
+    out.print(
+        f"to profile now: {len(plan.jobs)} jobs, {plan.todo_points} points; "
+        f"{len(plan.in_db)} signatures already in the DB"
+    )
 
 
 def _triage(plan, store, budget: int | None, budget_s: float | None = None):  # type: ignore[no-untyped-def]
@@ -191,20 +201,26 @@ def _triage(plan, store, budget: int | None, budget_s: float | None = None):  # 
     shared = len(plan.grid_size) - len(plan.in_db) - new
     unc = sorted(tr.rel_uncertainty.values())
     med = f" (median interval ±{100 * float(np.median(unc)):.0f}%)" if unc else ""
-    out.print(f"signatures: {len(plan.grid_size)} unique over the list; {len(tr.reused)} reused exactly from "
-              f"the DB; {new} new: {len(tr.covered)} predictable from shape alone{med}, {len(tr.uncovered)} of "
-              f"kinds never profiled here (must be measured)")  # fmt: skip
+    out.print(
+        f"signatures: {len(plan.grid_size)} unique over the list; {len(tr.reused)} reused exactly from "
+        f"the DB; {new} new: {len(tr.covered)} predictable from shape alone{med}, {len(tr.uncovered)} of "
+        f"kinds never profiled here (must be measured)"
+    )
     if shared:
         out.print(f"  ({shared} of the new signatures are shared by several models of the list: measured once)")
     if budget is not None or budget_s is not None:
         flag = f"--budget {budget}" if budget_s is None else f"--budget-seconds {budget_s:g}"
         spent = tr.uncovered_s + sum(tr.cost_s.get(k, 0.0) for k in measure)
-        out.print(f"{flag}: measure {len(tr.uncovered) + len(measure)} signatures "
-                  f"({len(tr.uncovered)} uncovered + {len(measure)} least certain; about {spent:.1f} device-s "
-                  f"predicted), predict {len(predicted)} from shape")  # fmt: skip
+        out.print(
+            f"{flag}: measure {len(tr.uncovered) + len(measure)} signatures "
+            f"({len(tr.uncovered)} uncovered + {len(measure)} least certain; about {spent:.1f} device-s "
+            f"predicted), predict {len(predicted)} from shape"
+        )
         if budget_s is not None and tr.uncovered_s > budget_s:
-            out.print(f"  the uncovered signatures alone are predicted to take {tr.uncovered_s:.1f} device-s, "
-                      f"more than --budget-seconds {budget_s:g}: they are measured anyway")  # fmt: skip
+            out.print(
+                f"  the uncovered signatures alone are predicted to take {tr.uncovered_s:.1f} device-s, "
+                f"more than --budget-seconds {budget_s:g}: they are measured anyway"
+            )
     return predicted
 
 
@@ -329,27 +345,40 @@ def profile_cmd(
             predicted = _triage(plan, store, budget, budget_s)
             plan = plan.without(predicted)
         total_sigs, in_db = len(plan.grid_size), len(plan.in_db)
-        err.print(f"{total_sigs} unique signatures; {in_db} skipped as already in the DB; "
-                  f"{len(plan.jobs)} jobs, {plan.todo_points} points to time")  # fmt: skip
+        err.print(
+            f"{total_sigs} unique signatures; {in_db} skipped as already in the DB; "
+            f"{len(plan.jobs)} jobs, {plan.todo_points} points to time"
+        )
         with Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
             console=err,
-        ) as bar:  # fmt: skip
+        ) as bar:
             task = bar.add_task(f"profiling ({in_db} known, skipped)", total=plan.todo_points)
             stats = run_plan(
-                plan, store, engine, threads=threads, ray_address=ray_address,
+                plan,
+                store,
+                engine,
+                threads=threads,
+                ray_address=ray_address,
                 on_job=lambda job, _s: bar.advance(task, len(job.items)),
-            )  # fmt: skip
+            )
         calib = _calibrate_all(models, policy, db, store, engine, plan.ctx, threads)
         for f in stats["failures"][:10]:
             err.print(f"[yellow]could not time[/] {f}")
-        out.print(f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
-                  f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
-                  f"calibration forwards {calib:.1f} s")  # fmt: skip
+        out.print(
+            f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
+            f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
+            f"calibration forwards {calib:.1f} s"
+        )
         _print_savings(plan, store, predicted, calibration=None)
         if predicted:
-            out.print(f"{len(predicted)} signatures left to the shape model (not measured): validate and "
-                      f"predict with `--shape`")  # fmt: skip
+            out.print(
+                f"{len(predicted)} signatures left to the shape model (not measured): validate and "
+                f"predict with `--shape`"
+            )
     _fail_if(failed)
 
 
@@ -380,15 +409,17 @@ def validate_cmd(
     ),
     engine_name: str = _ENGINE,
     shape: bool = typer.Option(
-        False, "--shape/--no-shape",
+        False,
+        "--shape/--no-shape",
         help="Predict signatures without a complete profile from the shape model of their operator kind "
         "(after `dooly profile --budget`, or for a model never profiled).",
-    ),  # fmt: skip
+    ),
     keep: bool = typer.Option(
-        False, "--keep/--no-keep",
+        False,
+        "--keep/--no-keep",
         help="Store the held-out measurements in the DB (as MODEL#holdout, never fitted on); a later `--keep` "
         "run re-scores them without measuring again (after a new profile or predictor change, on this machine).",
-    ),  # fmt: skip
+    ),
 ) -> None:
     """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase.
 
@@ -414,8 +445,10 @@ def validate_cmd(
         if errs["interp"]:
             import numpy as np
 
-            out.print(f"held-out grid-line MAPE: interp {100 * np.mean(errs['interp']):.1f}%, "
-                      f"forest {100 * np.mean(errs['forest']):.1f}%")  # fmt: skip
+            out.print(
+                f"held-out grid-line MAPE: interp {100 * np.mean(errs['interp']):.1f}%, "
+                f"forest {100 * np.mean(errs['forest']):.1f}%"
+            )
     predictors = {}
     failed: dict[str, DoolyError] = {}
     for label, kw in (("profile", {"shape": shape}), ("zero new points", {"holdout": True})):
@@ -429,12 +462,16 @@ def validate_cmd(
         err.print(f"no {label} figure: {exc}", highlight=False, soft_wrap=True)
     pred = next(iter(predictors.values()))
     for label, p in predictors.items():
-        n_shape = {ph: len({f.key for k, fs in p.shape_predicted.items() if k.split("/")[0] == ph for f in fs})
-                   for ph in p.traces}  # fmt: skip
+        n_shape = {
+            ph: len({f.key for k, fs in p.shape_predicted.items() if k.split("/")[0] == ph for f in fs})
+            for ph in p.traces
+        }
         total = {ph: len(tr.all_unique()) for ph, tr in p.traces.items()}
         shaped = ", ".join(f"{ph} {n_shape.get(ph, 0)} of {total[ph]}" for ph in total)
-        err.print(f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
-                  f"signatures predicted from shape alone: {shaped}")  # fmt: skip
+        err.print(
+            f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
+            f"signatures predicted from shape alone: {shaped}"
+        )
     rows = _measure(name, pred, cfg, engine, db if keep else None, threads=threads, repeats=repeats, rounds=rounds)
     others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
@@ -445,8 +482,12 @@ def validate_cmd(
     for col in cols:
         t.add_column(col, justify="left" if col in ("phase", "shape") else "right")
     for i, r in enumerate(rows):
-        cells = [r.phase, " ".join(f"{k}={v}" for k, v in r.values.items()), f"{r.measured_s * 1e3:.2f}",
-                 " / ".join(f"{x * 1e3:.1f}" for x in r.rounds_s)]  # fmt: skip
+        cells = [
+            r.phase,
+            " ".join(f"{k}={v}" for k, v in r.values.items()),
+            f"{r.measured_s * 1e3:.2f}",
+            " / ".join(f"{x * 1e3:.1f}" for x in r.rounds_s),
+        ]
         for label in predictors:
             x = others[label][i]
             cells += [f"{x * 1e3:.2f}", f"{100 * abs(x - r.measured_s) / r.measured_s:.1f}"]
@@ -457,13 +498,19 @@ def validate_cmd(
     for label, preds in others.items():
         scored = [dataclasses.replace(r, predicted_s=x) for r, x in zip(rows, preds, strict=True)]
         what = {"profile": "(exact reuse" + (" + shape)" if shape else ")"), "zero new points": "(zero new points)"}
-        out.print(f"MAPE prefill {phase_mape(scored, 'prefill'):.1f}%  decode {phase_mape(scored, 'decode'):.1f}%  "
-                  f"all {phase_mape(scored):.1f}%  {what[label]}")  # fmt: skip
+        out.print(
+            f"MAPE prefill {phase_mape(scored, 'prefill'):.1f}%  decode {phase_mape(scored, 'decode'):.1f}%  "
+            f"all {phase_mape(scored):.1f}%  {what[label]}"
+        )
     if rounds > 1:
         spread = round_spread(rows)
-        out.print(f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
-                  f"decode {round_spread(rows, 'decode'):.1f}%  all {spread:.1f}%")  # fmt: skip
+        out.print(
+            f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
+            f"decode {round_spread(rows, 'decode'):.1f}%  all {spread:.1f}%"
+        )
         if spread > NOISY_SPREAD_PCT:
-            err.print(f"note: the rounds of the same shapes landed {spread:.0f}% apart: something else held the CPU "
-                      "(another process, or the VM's neighbours), and no MAPE above is meaningful below that; validate "
-                      "again when the machine is quiet")  # fmt: skip
+            err.print(
+                f"note: the rounds of the same shapes landed {spread:.0f}% apart: something else held the CPU "
+                "(another process, or the VM's neighbours), and no MAPE above is meaningful below that; validate "
+                "again when the machine is quiet"
+            )

@@ -77,10 +77,11 @@ def simulate(
     dtype: str = typer.Option("bfloat16", help="Engine dtype the model was profiled with."),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=_ENGINE_HELP),
     shape: bool = typer.Option(
-        False, "--shape/--no-shape",
+        False,
+        "--shape/--no-shape",
         help="Predict signatures without a complete profile from their operator kind's shape model "
         "(after `dooly profile --budget`, or for a model never profiled).",
-    ),  # fmt: skip
+    ),
 ) -> None:
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
     from dooly.report import save_result
@@ -105,8 +106,10 @@ def simulate(
     if kv.plan is not None:
         out.print(f"KV cache: {kv.plan.describe()}")
         if kv.explicit:
-            out.print(f"KV cache: {kv_blocks} blocks per replica from --num-kv-blocks "
-                      f"(memory would give {kv.plan.num_blocks})")  # fmt: skip
+            out.print(
+                f"KV cache: {kv_blocks} blocks per replica from --num-kv-blocks "
+                f"(memory would give {kv.plan.num_blocks})"
+            )
         else:
             out.print(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
     latency, _ = serving_latency_model(model, db, dtype, None, engine, shape, log=out.print)
@@ -128,8 +131,20 @@ def simulate(
     configs = config_grid(kv.config)
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulating configs", total=len(configs))
-        study = run_study(model, workload, w, latency, kv, mem, replicas, router, router_seed,
-                          SLO(slo_ttft, slo_tpot), configs, progress=lambda: bar.advance(task))  # fmt: skip
+        study = run_study(
+            model,
+            workload,
+            w,
+            latency,
+            kv,
+            mem,
+            replicas,
+            router,
+            router_seed,
+            SLO(slo_ttft, slo_tpot),
+            configs,
+            progress=lambda: bar.advance(task),
+        )
     print_sweep(study)
     save_result(db, name, study.payload())
     if output:
@@ -156,8 +171,14 @@ def print_sweep(study) -> None:  # type: ignore[no-untyped-def]
             table.add_row(*row, "-", "-", "-", "-", _infeasible(p.reason))
             continue
         verdict = ("best" if p is top else "meets") if p.meets_slo else "misses"
-        table.add_row(*row, f"{s.ttft['p90']:.2f}", f"{s.tpot['p90']:.3f}", f"{s.e2e['p90']:.2f}",
-                      f"{s.throughput_tokens:.1f}", verdict)  # fmt: skip
+        table.add_row(
+            *row,
+            f"{s.ttft['p90']:.2f}",
+            f"{s.tpot['p90']:.3f}",
+            f"{s.e2e['p90']:.2f}",
+            f"{s.throughput_tokens:.1f}",
+            verdict,
+        )
     out.print(table)
     if top is None:
         out.print(f"no configuration meets {study.slo.describe()}")
@@ -191,9 +212,17 @@ def print_summary(s, title: str) -> None:
 
 
 def run_validation(
-    model: str, db: Path, workload: str, cfg, threads: int, dtype: str, clock: str, real_runs: int = 2,
-    engine: str = DEFAULT_ENGINE, device: str = "cpu",
-) -> dict:  # fmt: skip
+    model: str,
+    db: Path,
+    workload: str,
+    cfg,
+    threads: int,
+    dtype: str,
+    clock: str,
+    real_runs: int = 2,
+    engine: str = DEFAULT_ENGINE,
+    device: str = "cpu",
+) -> dict:
     """Serve `workload` on the real engine `real_runs` times, simulate it from the profiles, return the payload.
 
     The simulator is scored against each request's median over the real runs; the runs' own spread is
@@ -249,9 +278,19 @@ def run_validation(
     }
 
 
-def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_tokens: int, block_size: int,
-                        kvcache_gb: int, threads: int, dtype: str, real_runs: int,
-                        warmup_runs: int = 1) -> dict:  # fmt: skip
+def run_vllm_validation(
+    model: str,
+    db: Path,
+    workload: str,
+    max_seqs: int,
+    max_tokens: int,
+    block_size: int,
+    kvcache_gb: int,
+    threads: int,
+    dtype: str,
+    real_runs: int,
+    warmup_runs: int = 1,
+) -> dict:
     """`validate-serving --engine vllm`: the real `vllm serve` under vLLM's load generator vs the simulator
     running vLLM v1's scheduler (see :mod:`dooly.engines.vllm_serving`)."""
     from dooly.engines.vllm_serving import ServeConfig, validate, vllm_available
@@ -264,11 +303,19 @@ def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_
     predictor, profiled_with = serving_latency_model(model, db, dtype, threads, "vllm", log=out.print)
     blocks = vllm_cpu_kv_blocks(model, kvcache_gb, block_size, dtype)
     longest = int((w.prompt + w.output).max())
-    serve_cfg = ServeConfig(max_seqs, max_tokens, block_size, kvcache_gb, dtype, threads,
-                            max_model_len=max(256, -(-longest // block_size) * block_size))  # fmt: skip
+    serve_cfg = ServeConfig(
+        max_seqs,
+        max_tokens,
+        block_size,
+        kvcache_gb,
+        dtype,
+        threads,
+        max_model_len=max(256, -(-longest // block_size) * block_size),
+    )
     log = Console(stderr=True).print
-    payload = validate(model, w, serve_cfg, blocks, CachedLatency(predictor), real_runs, log=log,
-                       warmup_runs=warmup_runs)
+    payload = validate(
+        model, w, serve_cfg, blocks, CachedLatency(predictor), real_runs, log=log, warmup_runs=warmup_runs
+    )
     payload["workload"] = workload
     payload["profiled_with"] = profiled_with
     return payload
@@ -276,13 +323,25 @@ def run_vllm_validation(model: str, db: Path, workload: str, max_seqs: int, max_
 
 def print_validation(payload: dict) -> None:
     table = Table(
-        "metric", "measured p50 ms", "sim p50 ms", "measured mean ms", "sim mean ms", "per-request MAPE",
+        "metric",
+        "measured p50 ms",
+        "sim p50 ms",
+        "measured mean ms",
+        "sim mean ms",
+        "per-request MAPE",
         "p10-p90 error",
         title=f"{payload['model']}: {payload['workload']} ({payload['config']}, {payload['clock']} clock)",
-    )  # fmt: skip
+    )
     for r in payload["table"]:
-        table.add_row(r["metric"], _ms(r["measured_p50"]), _ms(r["simulated_p50"]), _ms(r["measured_mean"]),
-                      _ms(r["simulated_mean"]), f"{r['mape_pct']:.1f}%", f"{r['quantile_err_pct']:.1f}%")  # fmt: skip
+        table.add_row(
+            r["metric"],
+            _ms(r["measured_p50"]),
+            _ms(r["simulated_p50"]),
+            _ms(r["measured_mean"]),
+            _ms(r["simulated_mean"]),
+            f"{r['mape_pct']:.1f}%",
+            f"{r['quantile_err_pct']:.1f}%",
+        )
     out.print(table)
     noise = payload.get("run_to_run_pct") or {}
     if "iteration_metric" in payload:  # vLLM: no iteration timings, the clients' inter-token latencies instead
@@ -291,14 +350,18 @@ def print_validation(payload: dict) -> None:
     else:
         out.print(f"iteration latency MAPE (predictor vs the iterations that ran): {payload['iteration_mape']:.1f}%")
     if noise and payload.get("real_runs", 1) > 1:
-        out.print(f"run-to-run spread of the {payload['real_runs']} real runs (noise floor): "
-                  f"TTFT {noise['ttft']:.1f}%  TPOT {noise['tpot']:.1f}% per request; "
-                  f"p10-p90 TTFT {noise['ttft_quantiles']:.1f}%  TPOT {noise['tpot_quantiles']:.1f}%")  # fmt: skip
+        out.print(
+            f"run-to-run spread of the {payload['real_runs']} real runs (noise floor): "
+            f"TTFT {noise['ttft']:.1f}%  TPOT {noise['tpot']:.1f}% per request; "
+            f"p10-p90 TTFT {noise['ttft_quantiles']:.1f}%  TPOT {noise['tpot_quantiles']:.1f}%"
+        )
     adm = payload.get("admission_order")
     if adm and any(adm["requests_out_of_order"]):
-        out.print(f"vLLM's front end admitted {'/'.join(map(str, adm['requests_out_of_order']))} requests (per run) "
-                  f"out of arrival order; simulated in the order it admitted them: TTFT {adm['ttft_mape']:.1f}%  "
-                  f"TPOT {adm['tpot_mape']:.1f}%  iteration {adm['iteration_mape']:.1f}% per-request MAPE")  # fmt: skip
+        out.print(
+            f"vLLM's front end admitted {'/'.join(map(str, adm['requests_out_of_order']))} requests (per run) "
+            f"out of arrival order; simulated in the order it admitted them: TTFT {adm['ttft_mape']:.1f}%  "
+            f"TPOT {adm['tpot_mape']:.1f}%  iteration {adm['iteration_mape']:.1f}% per-request MAPE"
+        )
     if payload.get("profiled_with"):
         out.print(f"ops profiled with: {payload['profiled_with']}")
 
@@ -338,8 +401,19 @@ def validate_serving(
     if engine == "vllm":
         if device != "cpu":
             raise DoolyError("validate-serving --engine vllm serves with vLLM's CPU backend; drop --device")
-        payload = run_vllm_validation(model, db, workload, max_seqs, max_tokens, block_size or VLLM_BLOCK_SIZE,
-                                      cpu_kvcache_gb, threads, dtype, real_runs, warmup_runs)  # fmt: skip
+        payload = run_vllm_validation(
+            model,
+            db,
+            workload,
+            max_seqs,
+            max_tokens,
+            block_size or VLLM_BLOCK_SIZE,
+            cpu_kvcache_gb,
+            threads,
+            dtype,
+            real_runs,
+            warmup_runs,
+        )
         print_validation(payload)
         path = save_result(db, f"validation-{Path(model).stem}-vllm{max_tokens}-seqs{max_seqs}", payload)
         out.print(f"result: {path}")

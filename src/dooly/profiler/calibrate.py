@@ -21,14 +21,19 @@ from dooly.zoo import at_depth, max_positions, num_layers
 #: Shapes whose real forwards calibrate the framework overhead; off the grid and off the validation shapes.
 CALIBRATION_SHAPES: dict[str, list[dict[str, int]]] = {
     "prefill": [
-        {"requests": 1, "tokens": 12}, {"requests": 1, "tokens": 64}, {"requests": 1, "tokens": 160},
+        {"requests": 1, "tokens": 12},
+        {"requests": 1, "tokens": 64},
+        {"requests": 1, "tokens": 160},
         {"requests": 2, "tokens": 72},
     ],
     "decode": [
-        {"requests": 1, "kv_len": 200}, {"requests": 2, "kv_len": 30}, {"requests": 4, "kv_len": 60},
-        {"requests": 8, "kv_len": 500}, {"requests": 20, "kv_len": 80},
+        {"requests": 1, "kv_len": 200},
+        {"requests": 2, "kv_len": 30},
+        {"requests": 4, "kv_len": 60},
+        {"requests": 8, "kv_len": 500},
+        {"requests": 20, "kv_len": 80},
     ],
-}  # fmt: skip
+}
 CALIBRATION_ROUNDS = 2  # every shape measured in interleaved rounds, so one slow minute does not skew the fit
 #: ``--calibrate check``: one shape per phase (the overhead is fitted per phase), from the calibration set
 CHECK_SHAPES: dict[str, list[dict[str, int]]] = {
@@ -155,8 +160,9 @@ def calibrate(
         for variant in list(variants)[:: 1 if k % 2 == 0 else -1]:
             key = variant if k == 0 else f"{variant}#round{k + 1}"  # the fit reads every round as its own rows
             have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, key)}
-            todo += [(variant, key, ph, v) for ph, vs in shapes.items() for v in vs
-                     if (ph, canonical_point(v)) not in have]  # fmt: skip
+            todo += [
+                (variant, key, ph, v) for ph, vs in shapes.items() for v in vs if (ph, canonical_point(v)) not in have
+            ]
     if not todo:
         return 0.0
     spent, model, built = 0.0, None, None

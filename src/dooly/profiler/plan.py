@@ -50,9 +50,11 @@ class GridSpec:
             return tuple(sorted({min(v, top) for v in values}))
 
         return GridSpec(
-            self.prefill_requests, clamp(self.prefill_tokens, positions),
-            self.decode_requests, clamp(self.decode_kv_len, positions - 1),
-        )  # fmt: skip
+            self.prefill_requests,
+            clamp(self.prefill_tokens, positions),
+            self.decode_requests,
+            clamp(self.decode_kv_len, positions - 1),
+        )
 
     def axes(self, phase: str) -> dict[str, tuple[int, ...]]:
         if phase == "prefill":

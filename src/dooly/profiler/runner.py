@@ -92,9 +92,10 @@ def _layout(t: Any) -> tuple:
 def _same_layout(t: Any, shape: tuple[int, ...], stride: tuple[int, ...], dtype: Any) -> bool:
     """Whether tensor ``t`` has this shape, dtype and stride (a size-1 dimension's stride does not matter)."""
     return (
-        tuple(t.shape) == tuple(shape) and t.dtype == dtype
+        tuple(t.shape) == tuple(shape)
+        and t.dtype == dtype
         and all(n == 1 or a == b for n, a, b in zip(shape, t.stride(), stride, strict=True))
-    )  # fmt: skip
+    )
 
 
 def _resident_storages(model: Any, inputs: Mapping[str, Any]) -> set[int]:
@@ -198,10 +199,13 @@ class JobRunner:
 
         rotated: dict[int, list[Any]] = {}
         shapes, _ = sig.concrete(values)
-        own = pool.call_inputs(sig.op, [
-            (sh, st if st is not None else contiguous_stride(sh), getattr(torch, spec.dtype))
-            for (sh, st), spec in zip(shapes, sig.inputs, strict=True)
-        ])  # fmt: skip
+        own = pool.call_inputs(
+            sig.op,
+            [
+                (sh, st if st is not None else contiguous_stride(sh), getattr(torch, spec.dtype))
+                for (sh, st), spec in zip(shapes, sig.inputs, strict=True)
+            ],
+        )
 
         def make_tensor(i: int, spec: TensorSpec, shape: tuple[int, ...], stride: tuple[int, ...] | None) -> Any:
             dtype = getattr(torch, spec.dtype)

@@ -181,11 +181,15 @@ def savings_of(
         fresh = keys - seen
         rows.append(
             ModelCost(
-                m.name, len(keys), len(fresh - set(known)), len(keys & seen), len(fresh & set(known)),
+                m.name,
+                len(keys),
+                len(fresh - set(known)),
+                len(keys & seen),
+                len(fresh & set(known)),
                 sum(cost(k, n) for k, n in m.points.items()),
                 sum(cost(k, n) for k, n in m.points.items() if k in fresh and k not in predicted),
             )
-        )  # fmt: skip
+        )
         n_meas += sum(1 for k in fresh if k in measured)
         n_mean += sum(1 for k in fresh if k not in measured and k not in estimated)
         n_all += len(fresh)

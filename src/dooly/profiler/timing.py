@@ -193,8 +193,9 @@ def measure_page_cost(repeats: int = 9, clock: str = "wall") -> Measurement:
         t2 = now()
         samples.append(max(0.0, (t1 - t0) - (t2 - t1)))
     del warm
-    return Measurement(statistics.median(samples), quantile(samples, 0.1), quantile(samples, 0.9), repeats,
-                       now() - start)  # fmt: skip
+    return Measurement(
+        statistics.median(samples), quantile(samples, 0.1), quantile(samples, 0.9), repeats, now() - start
+    )
 
 
 def time_calls(
@@ -317,9 +318,14 @@ def measure_forward(
 
 
 def measure_prepared(
-    engine: Engine, model: Any, base: Any, repeats: int = 5, warmup: int = 1, clock: str = "wall",
+    engine: Engine,
+    model: Any,
+    base: Any,
+    repeats: int = 5,
+    warmup: int = 1,
+    clock: str = "wall",
     t_start: float | None = None,
-) -> Measurement:  # fmt: skip
+) -> Measurement:
     """Time ``engine.forward`` on prepared inputs ``base`` (each run on a fresh copy: a forward extends the
     cache in place); the cost counts from ``t_start`` (default: now)."""
     import copy
@@ -344,6 +350,9 @@ def measure_prepared(
         if r >= warmup:
             samples.append(now() - t0)
     return Measurement(
-        statistics.median(samples), quantile(samples, 0.1), quantile(samples, 0.9), len(samples),
+        statistics.median(samples),
+        quantile(samples, 0.1),
+        quantile(samples, 0.9),
+        len(samples),
         now() - t_start,
-    )  # fmt: skip
+    )

@@ -207,8 +207,10 @@ def cpu_kv_blocks(hf_config: Any, kvcache_space_gb: float, block_size: int, kv_d
     layout = kv_layout(hf_config, kv_dtype_bytes)
     blocks = int(kvcache_space_gb * GIB) // (layout.bytes_per_token * block_size)
     if blocks < 1:
-        raise DoolyError(f"a KV cache of {kvcache_space_gb:g} GiB holds no block of {block_size} tokens "
-                         f"at {layout.bytes_per_token} B/token")  # fmt: skip
+        raise DoolyError(
+            f"a KV cache of {kvcache_space_gb:g} GiB holds no block of {block_size} tokens "
+            f"at {layout.bytes_per_token} B/token"
+        )
     return blocks
 
 

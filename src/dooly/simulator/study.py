@@ -32,10 +32,19 @@ class Study:
 
     def payload(self) -> dict[str, Any]:
         cfg, res, plan = self.kv.config, self.result, self.kv.plan
-        out = {"kind": "simulation", "model": self.model, "workload": self.workload, "config": cfg.label(),
-               "num_kv_blocks": cfg.num_kv_blocks, "replicas": self.replicas, "router": self.router,
-               "memory": plan.describe() if plan else None,
-               "summary": res.summary.row(), "ttft": res.metrics.ttft, "e2e": res.metrics.e2e}  # fmt: skip
+        out = {
+            "kind": "simulation",
+            "model": self.model,
+            "workload": self.workload,
+            "config": cfg.label(),
+            "num_kv_blocks": cfg.num_kv_blocks,
+            "replicas": self.replicas,
+            "router": self.router,
+            "memory": plan.describe() if plan else None,
+            "summary": res.summary.row(),
+            "ttft": res.metrics.ttft,
+            "e2e": res.metrics.e2e,
+        }
         if self.slo is not None:
             top = self.best
             out.update(slo=self.slo.describe(), best=top.config.label() if top else "none meets the SLO")
@@ -45,10 +54,16 @@ class Study:
 
 def _sweep_row(p: SweepPoint) -> dict[str, Any]:
     s, c = p.summary, p.config
-    return {"max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
-            "chunked": c.chunked_prefill, "num_kv_blocks": c.num_kv_blocks,
-            "ttft_p90_s": s.ttft["p90"] if s else float("nan"), "tpot_p90_s": s.tpot["p90"] if s else float("nan"),
-            "tok_per_s": s.throughput_tokens if s else float("nan"), "meets_slo": p.meets_slo}  # fmt: skip
+    return {
+        "max_num_seqs": c.max_num_seqs,
+        "max_num_batched_tokens": c.max_num_batched_tokens,
+        "chunked": c.chunked_prefill,
+        "num_kv_blocks": c.num_kv_blocks,
+        "ttft_p90_s": s.ttft["p90"] if s else float("nan"),
+        "tpot_p90_s": s.tpot["p90"] if s else float("nan"),
+        "tok_per_s": s.throughput_tokens if s else float("nan"),
+        "meets_slo": p.meets_slo,
+    }
 
 
 def run_study(
@@ -71,7 +86,14 @@ def run_study(
     study = Study(model, workload_spec, kv, replicas, router, res, slo)
     if slo is not None:
         study.points = sweep(
-            workload, latency, configs or config_grid(kv.config), slo, replicas, progress=progress,
-            memory=memory if kv.per_config else None, router=router, router_seed=router_seed,
-        )  # fmt: skip
+            workload,
+            latency,
+            configs or config_grid(kv.config),
+            slo,
+            replicas,
+            progress=progress,
+            memory=memory if kv.per_config else None,
+            router=router,
+            router_seed=router_seed,
+        )
     return study

@@ -247,5 +247,17 @@ def realistic_list() -> list[str]:
     return [m for group in REALISTIC_GROUPS.values() for m in group]
 
 
-__all__ = ["REALISTIC_GROUPS", "SIZE_LIMITS", "ModelConfig", "at_depth", "check_sizes", "list_models", "load_config",
-           "max_positions", "min_parameters", "num_layers", "realistic_list", "resolve_model"]  # fmt: skip
+__all__ = [
+    "REALISTIC_GROUPS",
+    "SIZE_LIMITS",
+    "ModelConfig",
+    "at_depth",
+    "check_sizes",
+    "list_models",
+    "load_config",
+    "max_positions",
+    "min_parameters",
+    "num_layers",
+    "realistic_list",
+    "resolve_model",
+]

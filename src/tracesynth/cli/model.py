@@ -123,8 +123,10 @@ def _fit_kind(ctx: typer.Context, kind: str, output: Path, init: Path | None, re
     if conditional and gen_kind.name not in ("masked", "ar"):
         raise TraceSynthError(f"--conditional applies to masked and ar models, not a {kind} one")
     if start is not None and gen_kind.name not in ("masked", "ar"):
-        raise TraceSynthError(f"--init applies to masked and ar models, not a {kind} one"
-                              + (" (use --resume)" if gen_kind.name == "diffusion" else ""))
+        raise TraceSynthError(
+            f"--init applies to masked and ar models, not a {kind} one"
+            + (" (use --resume)" if gen_kind.name == "diffusion" else "")
+        )
     return start, saved, gen_kind
 
 
@@ -177,8 +179,7 @@ def _check_output(output: Path, gen_kind) -> None:
     atomicio._check_replaceable(output, True, contents)  # the very check atomic_path makes when it saves
 
 
-def _fit_token(gen_kind, traces: list, output: Path, options: dict, start, init: Path | None, resume: bool,
-               **fit_args):
+def _fit_token(gen_kind, traces: list, output: Path, options: dict, start, init: Path | None, resume: bool, **fit_args):
     """Fit (or, with `resume`, continue fitting) a masked or ar model, checkpointing into `output`."""
     if resume:
         asked = gen_kind.config(options)  # the options given, the others the kind's defaults
@@ -225,12 +226,17 @@ def _fit_with_progress(gen, traces: list, start, **fit_args) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     limit = f" (limit {gen.config.time_limit:g} s)" if gen.config.time_limit else ""
-    columns = (TextColumn("[bold]fit[/]"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TextColumn(limit))  # fmt: skip
+    columns = (
+        TextColumn("[bold]fit[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        TimeElapsedColumn(),
+        TextColumn(limit),
+    )
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("fit", total=gen.config.steps, loss=float("nan"))
-        gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start,
-                **fit_args)
+        gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start, **fit_args)
 
 
 def _given(ctx: typer.Context, param: str) -> bool:
@@ -255,8 +261,11 @@ def _init_config(start, gen_kind, options: dict, init: Path) -> dict:
     cfg = asdict(start.config)
     for key, param in _SIZE_OPTIONS.items():
         if key in options and options[key] != cfg[key]:
-            raise TraceSynthError(f"--{param.replace('_', '-')} {options[key]}: the network is the size of --init's "
-                                  f"({key} {cfg[key]}); drop the option", init)  # fmt: skip
+            raise TraceSynthError(
+                f"--{param.replace('_', '-')} {options[key]}: the network is the size of --init's "
+                f"({key} {cfg[key]}); drop the option",
+                init,
+            )
     asked = gen_kind.config({k: v for k, v in options.items() if k in _TRAINING})  # the others: the kind's defaults
     cfg.update({k: getattr(asked, k) for k in _TRAINING})
     cfg.update({k: options[k] for k in ("lr", "batch_size") if k in options})
@@ -275,8 +284,9 @@ def sample(
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: the model's)."),
     workload: str = typer.Option(None, "--workload", help="The workload to draw (a model fitted with --conditional)."),
     guide: str = typer.Option(
-        None, "--guide", help="ar, markov: kernel (keep draws within the kernel invariants; ar's default) or none "
-        "(markov's default).",
+        None,
+        "--guide",
+        help="ar, markov: kernel (keep draws within the kernel invariants; ar's default) or none (markov's default).",
     ),
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0 = torch's default; 1 is faster on a busy CPU)."
@@ -288,8 +298,13 @@ def sample(
     rules = Rules.load(repair) if repair is not None else None  # a bad rules file fails before sampling
     gen_kind = saved_kind(model)
     check_sample_size(events, gen_kind.name)  # before the model is loaded: an impossible --events fails at once
-    given = {"sampler": sampler, "sampling_steps": sampling_steps, "device": device, "workload": workload,
-             "guide": guide}
+    given = {
+        "sampler": sampler,
+        "sampling_steps": sampling_steps,
+        "device": device,
+        "workload": workload,
+        "guide": guide,
+    }
     opts = {k: v for k, v in given.items() if v is not None}
     unknown = [f"--{k.replace('_', '-')}" for k in opts if k not in gen_kind.sample_options]
     if unknown:
@@ -304,8 +319,10 @@ def sample(
         msg = f"; repair: violations {rep.violations_before} -> {rep.violations_after}"
     trace.save(output)
     span = trace.duration_ns / 1e9
-    console.print(f"{model} -> {output}: {len(trace):,} events, {trace.n_event_types} event types, {span:.3f} s{msg}",
-                  soft_wrap=True)  # one line whatever the paths: logs and scripts read it
+    console.print(
+        f"{model} -> {output}: {len(trace):,} events, {trace.n_event_types} event types, {span:.3f} s{msg}",
+        soft_wrap=True,
+    )  # one line whatever the paths: logs and scripts read it
 
 
 def _set_threads(n: int) -> None:

@@ -24,9 +24,13 @@ def _reading(path: Path) -> Iterator[None]:
     from tracesynth.io.babeltrace import progress_callback
 
     with Progress(
-        SpinnerColumn(), TextColumn("reading {task.description}"), TextColumn("{task.completed:,} events"),
-        TimeElapsedColumn(), console=console, transient=True,
-    ) as bar:  # fmt: skip
+        SpinnerColumn(),
+        TextColumn("reading {task.description}"),
+        TextColumn("{task.completed:,} events"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task(str(path), total=None)
         token = progress_callback.set(lambda n: bar.advance(task, n))
         try:
@@ -100,9 +104,13 @@ def export(
         from tracesynth.io.ctf_writer import write_ctf
 
         with Progress(
-            TextColumn("writing CTF"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as bar:  # fmt: skip
+            TextColumn("writing CTF"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("write", total=len(trace))
             write_ctf(trace, output, on_progress=lambda n: bar.advance(task, n), ctf_version=ctf_version)
     console.print(f"{trace_path} -> {output} ({to}): {_describe(trace)}", soft_wrap=True)

@@ -92,8 +92,9 @@ def ngram_jsd_terms(real: Trace, synth: Trace, n: int = 3, top: int = 8) -> list
     out = []
     for i in np.argsort(-terms, kind="stable")[:top]:
         digits = [(int(keys[i]) // V**j) % V for j in range(n - 1, -1, -1)]  # the oldest event is the top digit
-        out.append({"ngram": [names[d] for d in digits], "bits": float(terms[i]), "real": float(p[i]),
-                    "synth": float(q[i])})  # fmt: skip
+        out.append(
+            {"ngram": [names[d] for d in digits], "bits": float(terms[i]), "real": float(p[i]), "synth": float(q[i])}
+        )
     return out
 
 

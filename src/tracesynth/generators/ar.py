@@ -52,8 +52,11 @@ class ARConfig(TokenConfig):
         super().__post_init__()
 
     def _checks(self) -> dict[str, bool]:
-        return {**super()._checks(), "guide in (kernel, none)": self.guide in GUIDES,
-                "the kernel guide only with channels=6": self.guide != "kernel" or self.channels == 6}  # fmt: skip
+        return {
+            **super()._checks(),
+            "guide in (kernel, none)": self.guide in GUIDES,
+            "the kernel guide only with channels=6": self.guide != "kernel" or self.channels == 6,
+        }
 
 
 class CausalNet(ChannelTransformer):
@@ -104,8 +107,11 @@ class CausalNet(ChannelTransformer):
         x = x + self.pos[start : start + n]
         for layer, kv in zip(self.body.layers, cache, strict=True):
             attn = layer.self_attn
-            q, k, v = F.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias).view(b, n, 3, H, d // H) \
+            q, k, v = (
+                F.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias)
+                .view(b, n, 3, H, d // H)
                 .permute(2, 0, 3, 1, 4)
+            )
             kv[0][:, :, start : start + n] = k
             kv[1][:, :, start : start + n] = v
             o = F.scaled_dot_product_attention(q, kv[0][:, :, : start + n], kv[1][:, :, : start + n], is_causal=n > 1)
