@@ -86,8 +86,7 @@ def simulate(
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
     from dooly.report import save_result
     from dooly.simulator import make_router, parse_workload
-    from dooly.simulator.memory import DEFAULT_KV_BLOCKS, size_kv_cache
-    from dooly.simulator.search import SLO, config_grid
+    from dooly.simulator.memory import DEFAULT_KV_BLOCKS
     from dooly.simulator.study import run_study
 
     make_router(router)  # an unknown name fails before any work
@@ -98,10 +97,29 @@ def simulate(
     if cpu_kvcache_gb is not None and kv_blocks is None:
         kv_blocks = vllm_cpu_kv_blocks(model, cpu_kvcache_gb, block_size, dtype)
         out.print(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {cpu_kvcache_gb} GiB (vLLM CPU backend)")
-    cfg = sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
     mem = None
     if memory_gb is not None:
         mem = memory_model(model, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
+    kv = _size_kv_cache(sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS), mem, kv_blocks)
+    latency, _ = serving_latency_model(model, db, dtype, None, engine, shape, log=out.print)
+    study_args = dict(model=model, workload_spec=workload, workload=w, latency=latency, kv=kv, memory=mem)
+    study_args.update(replicas=replicas, router=router, router_seed=router_seed)
+    if sweep:
+        study = _run_sweep(study_args, slo_ttft, slo_tpot)
+        print_sweep(study)
+    else:
+        study = run_study(**study_args)
+        _print_study(study, model, len(w))
+    save_result(db, f"simulation-{Path(model).stem}", study.payload())
+    if output:
+        _save_csv(study, output, sweep)
+
+
+def _size_kv_cache(cfg, mem, kv_blocks: int | None):  # type: ignore[no-untyped-def]
+    """``cfg``'s KV cache per replica (see :func:`~dooly.simulator.memory.size_kv_cache`), printed when the
+    memory model planned it."""
+    from dooly.simulator.memory import size_kv_cache
+
     kv = size_kv_cache(cfg, mem, kv_blocks)
     if kv.plan is not None:
         out.print(f"KV cache: {kv.plan.describe()}")
@@ -112,46 +130,42 @@ def simulate(
             )
         else:
             out.print(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
-    latency, _ = serving_latency_model(model, db, dtype, None, engine, shape, log=out.print)
-    name = f"simulation-{Path(model).stem}"
-    if not sweep:
-        study = run_study(model, workload, w, latency, kv, mem, replicas, router, router_seed)
-        cfg, res = kv.config, study.result
-        title = f"{model}: {len(w)} requests, {cfg.label()} kv_blocks={cfg.num_kv_blocks}"
-        if replicas > 1:
-            title += f", {replicas} replicas ({router})"
-        print_summary(res.summary, title)
-        if replicas > 1:
-            out.print(f"requests per replica: {', '.join(map(str, res.replica_counts()))}")
-        save_result(db, name, study.payload())
-        if output:
-            res.metrics.save_csv(output)
-            out.print(f"per-request metrics: {output}")
-        return
-    configs = config_grid(kv.config)
+    return kv
+
+
+def _run_sweep(study_args: dict, slo_ttft: float | None, slo_tpot: float | None):  # type: ignore[no-untyped-def]
+    """`simulate --sweep`: the study over the config grid around the given config, with a progress bar."""
+    from dooly.simulator.search import SLO, config_grid
+    from dooly.simulator.study import run_study
+
+    configs = config_grid(study_args["kv"].config)
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("simulating configs", total=len(configs))
-        study = run_study(
-            model,
-            workload,
-            w,
-            latency,
-            kv,
-            mem,
-            replicas,
-            router,
-            router_seed,
-            SLO(slo_ttft, slo_tpot),
-            configs,
-            progress=lambda: bar.advance(task),
-        )
-    print_sweep(study)
-    save_result(db, name, study.payload())
-    if output:
+        slo = SLO(slo_ttft, slo_tpot)
+        return run_study(**study_args, slo=slo, configs=configs, progress=lambda: bar.advance(task))
+
+
+def _print_study(study, model: str, n_requests: int) -> None:  # type: ignore[no-untyped-def]
+    """The summary of one simulated configuration (and how the router spread the requests over replicas)."""
+    cfg, res = study.kv.config, study.result
+    title = f"{model}: {n_requests} requests, {cfg.label()} kv_blocks={cfg.num_kv_blocks}"
+    if study.replicas > 1:
+        title += f", {study.replicas} replicas ({study.router})"
+    print_summary(res.summary, title)
+    if study.replicas > 1:
+        out.print(f"requests per replica: {', '.join(map(str, res.replica_counts()))}")
+
+
+def _save_csv(study, output: Path, sweep: bool) -> None:  # type: ignore[no-untyped-def]
+    """`--output`: the sweep table, or the per-request metrics of the one configuration."""
+    if sweep:
         from dooly.report import write_sweep_csv
 
         write_sweep_csv(study.points, output)
         out.print(f"sweep table: {output}")
+    else:
+        study.result.metrics.save_csv(output)
+        out.print(f"per-request metrics: {output}")
 
 
 def print_sweep(study) -> None:  # type: ignore[no-untyped-def]
