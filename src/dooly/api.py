@@ -5,6 +5,7 @@
 * :func:`sched_config`: the scheduler settings of one serving configuration;
 * :func:`memory_model`: a model's memory model on a device of a given size;
 * :func:`vllm_cpu_kv_blocks`: the KV blocks vLLM's CPU backend gives a model in a KV-cache space;
+* :func:`validation_predictors`: the predictors `dooly validate` scores (the profile's, and "zero new points");
 * :func:`check_calibration`: whether the DB's shared overhead fit prices a new model's forwards (``--calibrate check``).
 """
 
@@ -144,3 +145,24 @@ def check_calibration(
         parts.append(f"{phase} {100 * err:.1f}% (within {100 * tol:.0f}%: {'yes' if err <= tol else 'no'})")
     what = f"shared fit of {pred.overhead.n_fit.get('decode', 0)} decode forwards vs {len(measured)} checked: "
     return worst <= 1.0, what + ", ".join(parts)
+
+
+def validation_predictors(
+    model: str, db: Path, engine: Engine, threads: int | None, method: str, shape: bool
+) -> tuple[dict[str, Predictor], dict[str, DoolyError]]:
+    """``dooly validate``'s predictors for `model`, by label: "profile" (the DB as profiled; `shape`: signatures
+    without a complete profile from the shape model) and "zero new points" (the model predicted as if never
+    profiled), with the error of each label that could not be built. Raises the "profile" error when neither
+    could."""
+    from dooly.predictor import Predictor
+
+    predictors: dict[str, Predictor] = {}
+    failed: dict[str, DoolyError] = {}
+    for label, kw in (("profile", {"shape": shape}), ("zero new points", {"holdout": True})):
+        try:
+            predictors[label] = Predictor.for_model(model, db, engine, threads=threads, method=method, **kw)
+        except DoolyError as exc:
+            failed[label] = exc
+    if "profile" in failed and not predictors:
+        raise failed["profile"]
+    return predictors, failed

@@ -428,10 +428,9 @@ def validate_cmd(
     profile's own figure it prints the "zero new points" one: the model predicted as if it had never been
     profiled (signatures no other model needs, and its calibration forwards, left out of every fit).
     """
+    from dooly.api import validation_predictors
     from dooly.errors import DoolyError
-    from dooly.predictor import Predictor, method_errors, phase_mape, round_spread
-    from dooly.profiler import context_for
-    from dooly.store import ProfileStore, profile_command
+    from dooly.store import profile_command
     from dooly.zoo import resolve_model
 
     if not db.exists():
@@ -439,28 +438,40 @@ def validate_cmd(
     engine, threads = _setup(device, dtype, threads, engine_name)
     name, cfg = resolve_model(model)
     if method == "auto":
-        with ProfileStore(db, readonly=True) as store:
-            raw = store.all_points(context_for(engine, threads))
-        errs = method_errors({k: [(p, m.median_s) for p, m in v] for k, v in raw.items()})
-        if errs["interp"]:
-            import numpy as np
-
-            out.print(
-                f"held-out grid-line MAPE: interp {100 * np.mean(errs['interp']):.1f}%, "
-                f"forest {100 * np.mean(errs['forest']):.1f}%"
-            )
-    predictors = {}
-    failed: dict[str, DoolyError] = {}
-    for label, kw in (("profile", {"shape": shape}), ("zero new points", {"holdout": True})):
-        try:
-            predictors[label] = Predictor.for_model(model, db, engine, threads=threads, method=method, **kw)
-        except DoolyError as exc:
-            failed[label] = exc
-    if "profile" in failed and not predictors:
-        raise failed["profile"]
+        _print_method_errors(db, engine, threads)
+    predictors, failed = validation_predictors(model, db, engine, threads, method, shape)
     for label, exc in failed.items():
         err.print(f"no {label} figure: {exc}", highlight=False, soft_wrap=True)
+    _print_shape_shares(predictors)
     pred = next(iter(predictors.values()))
+    rows = _measure(name, pred, cfg, engine, db if keep else None, threads=threads, repeats=repeats, rounds=rounds)
+    others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
+    _print_validation(name, rows, predictors, others)
+    _print_mapes(rows, others, shape)
+    if rounds > 1:
+        _print_spread(rows)
+
+
+def _print_method_errors(db: Path, engine, threads: int) -> None:  # type: ignore[no-untyped-def]
+    """``--method auto``: the held-out grid-line MAPE of each predictor method over the DB's points."""
+    from dooly.predictor import method_errors
+    from dooly.profiler import context_for
+    from dooly.store import ProfileStore
+
+    with ProfileStore(db, readonly=True) as store:
+        raw = store.all_points(context_for(engine, threads))
+    errs = method_errors({k: [(p, m.median_s) for p, m in v] for k, v in raw.items()})
+    if errs["interp"]:
+        import numpy as np
+
+        out.print(
+            f"held-out grid-line MAPE: interp {100 * np.mean(errs['interp']):.1f}%, "
+            f"forest {100 * np.mean(errs['forest']):.1f}%"
+        )
+
+
+def _print_shape_shares(predictors) -> None:  # type: ignore[no-untyped-def]
+    """Per predictor: its method, its overhead fit, and how many signatures per phase it predicts from shape."""
     for label, p in predictors.items():
         n_shape = {
             ph: len({f.key for k, fs in p.shape_predicted.items() if k.split("/")[0] == ph for f in fs})
@@ -472,8 +483,11 @@ def validate_cmd(
             f"{label}: predictor {p.method}; overhead fitted on {p.overhead.n_fit} stored forwards; "
             f"signatures predicted from shape alone: {shaped}"
         )
-    rows = _measure(name, pred, cfg, engine, db if keep else None, threads=threads, repeats=repeats, rounds=rounds)
-    others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
+
+
+def _print_validation(name: str, rows, predictors, others) -> None:  # type: ignore[no-untyped-def]
+    """The table of held-out shapes: measured, each predictor's figure and error, and the share from shape."""
+    pred = next(iter(predictors.values()))
     t = Table(title=f"{name}: predicted vs measured forward latency (held-out shapes)")
     cols = ["phase", "shape", "measured ms", "rounds ms"]
     for label in predictors:
@@ -495,6 +509,12 @@ def validate_cmd(
         cells.append(f"{100 * share:.0f} (±{100 * unc:.0f})")
         t.add_row(*cells)
     out.print(t)
+
+
+def _print_mapes(rows, others: dict[str, list[float]], shape: bool) -> None:  # type: ignore[no-untyped-def]
+    """One MAPE line per predictor (``others``: its prediction for each row)."""
+    from dooly.predictor import phase_mape
+
     for label, preds in others.items():
         scored = [dataclasses.replace(r, predicted_s=x) for r, x in zip(rows, preds, strict=True)]
         what = {"profile": "(exact reuse" + (" + shape)" if shape else ")"), "zero new points": "(zero new points)"}
@@ -502,15 +522,20 @@ def validate_cmd(
             f"MAPE prefill {phase_mape(scored, 'prefill'):.1f}%  decode {phase_mape(scored, 'decode'):.1f}%  "
             f"all {phase_mape(scored):.1f}%  {what[label]}"
         )
-    if rounds > 1:
-        spread = round_spread(rows)
-        out.print(
-            f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
-            f"decode {round_spread(rows, 'decode'):.1f}%  all {spread:.1f}%"
+
+
+def _print_spread(rows) -> None:  # type: ignore[no-untyped-def]
+    """The rounds' run-to-run spread (the noise floor), and a note when the machine was too busy to trust."""
+    from dooly.predictor import round_spread
+
+    spread = round_spread(rows)
+    out.print(
+        f"run-to-run spread of the measurements (noise floor): prefill {round_spread(rows, 'prefill'):.1f}%  "
+        f"decode {round_spread(rows, 'decode'):.1f}%  all {spread:.1f}%"
+    )
+    if spread > NOISY_SPREAD_PCT:
+        err.print(
+            f"note: the rounds of the same shapes landed {spread:.0f}% apart: something else held the CPU "
+            "(another process, or the VM's neighbours), and no MAPE above is meaningful below that; validate "
+            "again when the machine is quiet"
         )
-        if spread > NOISY_SPREAD_PCT:
-            err.print(
-                f"note: the rounds of the same shapes landed {spread:.0f}% apart: something else held the CPU "
-                "(another process, or the VM's neighbours), and no MAPE above is meaningful below that; validate "
-                "again when the machine is quiet"
-            )
