@@ -405,20 +405,7 @@ class Predictor:
             else:
                 pts_model = pts
             if strict and holdout:
-                n = sum(1 for k in _signature_keys(traces) if not pts_model.get(k))
-                if n:  # profiling the model again would not help: its own points are what is held out
-                    from dooly.profiler.savings import profiled_models
-
-                    if not any(m.name != name for m in profiled_models(store, ctx)):
-                        raise DoolyError(
-                            f"{db_path}: it holds no profiled model but {name}, so nothing to predict "
-                            "it from with zero new points (profile other models into it)"
-                        )
-                    raise DoolyError(
-                        f"{db_path}: {n} signatures of {name} are of operator kinds no shape model "
-                        "covers (the DB's other models measured too few signatures of them), so they "
-                        "cannot be predicted from shape alone"
-                    )
+                _require_holdout_covered(store, ctx, traces, pts_model, name, db_path)
             if strict:
                 _require_complete(traces, pts_model, complete, name, model, db_path, ctx.hardware)
             if method == "auto":
@@ -559,6 +546,26 @@ def page_cost(store, ctx) -> float:  # type: ignore[no-untyped-def]
 def _signature_keys(traces: Mapping[str, object]) -> set[str]:
     """Every signature key of a model's traced passes (all phases and branches)."""
     return {s.key for tr in traces.values() for s in tr.all_unique()}  # type: ignore[attr-defined]
+
+
+def _require_holdout_covered(store, ctx, traces, pts_model, name: str, db_path) -> None:  # type: ignore[no-untyped-def]
+    """Refuse a zero-new-points predictor with signatures no shape model covers, saying why: profiling the
+    model again would not help, its own points are what is held out."""
+    n = sum(1 for k in _signature_keys(traces) if not pts_model.get(k))
+    if not n:
+        return
+    from dooly.profiler.savings import profiled_models
+
+    if not any(m.name != name for m in profiled_models(store, ctx)):
+        raise DoolyError(
+            f"{db_path}: it holds no profiled model but {name}, so nothing to predict "
+            "it from with zero new points (profile other models into it)"
+        )
+    raise DoolyError(
+        f"{db_path}: {n} signatures of {name} are of operator kinds no shape model "
+        "covers (the DB's other models measured too few signatures of them), so they "
+        "cannot be predicted from shape alone"
+    )
 
 
 def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]

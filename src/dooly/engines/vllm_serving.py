@@ -457,39 +457,13 @@ def validate(
     from dooly.simulator import simulate, vllm_v1_config
 
     cfg = vllm_v1_config(config.max_num_seqs, config.max_num_batched_tokens, config.block_size, num_kv_blocks)
-    longest = int((workload.prompt + workload.output).max())
-    if longest > config.max_model_len:
-        raise DoolyError(
-            f"{workload.name}: a request needs {longest} tokens, above max_model_len {config.max_model_len}"
-        )
-    from dooly.engines.hf import HFEagerEngine
-    from dooly.zoo import resolve_model
-
-    # the server would be killed while loading; the parameter count is the same in either engine
-    name, model_cfg = resolve_model(model)
-    HFEagerEngine(dtype=config.dtype).check_weights_fit(model_cfg, int(config.kvcache_space_gb * 2**30), name)
+    _check_servable(model, workload, config)
     with VLLMServer(model, config, workdir) as srv:
         log(f"vllm serve up in {srv.startup_s:.1f} s ({srv.base_url}, log {srv.log_path})")
         kv_tokens = srv.kv_cache_tokens()
         if kv_tokens is not None and kv_tokens != cfg.num_kv_blocks * cfg.block_size:
             log(f"note: vLLM reports {kv_tokens} KV tokens, the simulator sized {cfg.num_kv_blocks * cfg.block_size}")
-        runs, per_run = [], []
-        for k in range(warmup_runs + real_runs):
-            t0 = time.perf_counter()
-            run = srv.bench(workload, seed=0)
-            wall = time.perf_counter() - t0
-            kind = "warm-up" if k < warmup_runs else "real"
-            log(f"{kind} run {k + 1}/{warmup_runs + real_runs}: {len(workload)} requests in {wall:.1f} s")
-            per_run.append(
-                {
-                    "kind": kind,
-                    "wall_s": wall,
-                    "ttft_p50": float(np.median(run.metrics.ttft)),
-                    "tpot_p50": float(np.median(run.metrics.tpot)),
-                }
-            )
-            if k >= warmup_runs:
-                runs.append(run)
+        runs, per_run = _bench_runs(srv, workload, real_runs, warmup_runs, log)
     measured = average_runs(runs)  # per-request medians over the runs
     sim = simulate(workload, latency, cfg)
     itl_runs = np.stack([median_itl(r.itl) for r in runs])
@@ -524,6 +498,45 @@ def validate(
         "simulated_preemptions": int(sim.summary.preemptions),
         "admission_order": admitted,
     }
+
+
+def _check_servable(model: str, workload: Workload, config: ServeConfig) -> None:
+    """Refuse, before starting a server, a workload longer than ``max_model_len`` or weights too large."""
+    from dooly.engines.hf import HFEagerEngine
+    from dooly.zoo import resolve_model
+
+    longest = int((workload.prompt + workload.output).max())
+    if longest > config.max_model_len:
+        raise DoolyError(
+            f"{workload.name}: a request needs {longest} tokens, above max_model_len {config.max_model_len}"
+        )
+    # the server would be killed while loading; the parameter count is the same in either engine
+    name, model_cfg = resolve_model(model)
+    HFEagerEngine(dtype=config.dtype).check_weights_fit(model_cfg, int(config.kvcache_space_gb * 2**30), name)
+
+
+def _bench_runs(
+    srv: VLLMServer, workload: Workload, real_runs: int, warmup_runs: int, log
+) -> tuple[list[BenchRun], list[dict[str, Any]]]:
+    """Serve `workload` `warmup_runs` then `real_runs` times; returns the real runs and every run's p50s."""
+    runs, per_run = [], []
+    for k in range(warmup_runs + real_runs):
+        t0 = time.perf_counter()
+        run = srv.bench(workload, seed=0)
+        wall = time.perf_counter() - t0
+        kind = "warm-up" if k < warmup_runs else "real"
+        log(f"{kind} run {k + 1}/{warmup_runs + real_runs}: {len(workload)} requests in {wall:.1f} s")
+        per_run.append(
+            {
+                "kind": kind,
+                "wall_s": wall,
+                "ttft_p50": float(np.median(run.metrics.ttft)),
+                "tpot_p50": float(np.median(run.metrics.tpot)),
+            }
+        )
+        if k >= warmup_runs:
+            runs.append(run)
+    return runs, per_run
 
 
 def _admitted_scores(
