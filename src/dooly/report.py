@@ -197,8 +197,17 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
     results = Path(results) if results else results_dir_for(db)
     parts = [f"<html><head><meta charset='utf-8'><title>dooly report</title><style>{CSS}</style></head><body>"]
     parts.append(f"<h1>dooly report</h1><p>profile database <code>{html.escape(str(db))}</code></p>")
+    parts += _savings_section(db)
+    loaded = _load_results(results)
+    parts += _validation_section([r for r in loaded if r.get("kind") == "validation"])
+    parts += _simulation_section([r for r in loaded if r.get("kind") == "simulation"])
+    parts.append("</body></html>")
+    return "\n".join(parts)
 
-    parts.append("<h2>Onboarding cost and cross-model reuse</h2>")
+
+def _savings_section(db: Path) -> list[str]:
+    """Onboarding cost and cross-model reuse, per profiling context of the DB."""
+    parts = ["<h2>Onboarding cost and cross-model reuse</h2>"]
     for ctx, sv in savings_from_db(db):
         rows = _savings_rows(sv)
         parts.append(
@@ -207,12 +216,16 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
         )
         parts.append(_table(rows, dict.fromkeys(_SPLIT, ".2f")))
         parts.append(f"<img src='{_savings_plot(rows)}'>")
-    if parts[-1].startswith("<h2>"):
+    if len(parts) == 1:
         parts.append(
             "<p><em>no models recorded as profiled in this database (a DB from before the record: "
             "rerunning <code>dooly profile</code> on its models records them without timing)</em></p>"
         )
+    return parts
 
+
+def _load_results(results: Path) -> list[dict[str, Any]]:
+    """Every result file (``*.json``) of the results directory, in name order (none when it does not exist)."""
     files = sorted(results.glob("*.json")) if results.is_dir() else []
     loaded = []
     for f in files:
@@ -220,68 +233,82 @@ def build_report(db: str | Path, results: str | Path | None = None) -> str:
             loaded.append(json.loads(f.read_text()))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise DoolyError(f"{f}: not a dooly result file") from None
-    vals = [r for r in loaded if r.get("kind") == "validation"]
-    parts.append("<h2>Serving validation: simulated vs measured (real engine on this machine)</h2>")
-    if vals:
-        table = []
-        for r in vals:
-            noise = r.get("run_to_run_pct") or {}
-            for row in r["table"]:
-                key = str(row["metric"]).lower()
-                spread, q_spread = noise.get(key, float("nan")), noise.get(f"{key}_quantiles", float("nan"))
-                table.append(
-                    {
-                        "model": r["model"],
-                        "workload": r["workload"],
-                        **row,
-                        "run_to_run_pct": spread,
-                        "quantile_run_to_run_pct": q_spread,
-                    }
-                )
+    return loaded
+
+
+def _validation_rows(vals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per validation and metric (with the runs' spread on it), and one for the iteration MAPE."""
+    table = []
+    for r in vals:
+        noise = r.get("run_to_run_pct") or {}
+        for row in r["table"]:
+            key = str(row["metric"]).lower()
+            spread, q_spread = noise.get(key, float("nan")), noise.get(f"{key}_quantiles", float("nan"))
             table.append(
-                {"model": r["model"], "workload": r["workload"], "metric": "iteration", "mape_pct": r["iteration_mape"]}
+                {
+                    "model": r["model"],
+                    "workload": r["workload"],
+                    **row,
+                    "run_to_run_pct": spread,
+                    "quantile_run_to_run_pct": q_spread,
+                }
             )
-        fmt = {k: ".4f" for k in ("measured_p50", "simulated_p50", "measured_mean", "simulated_mean")}
-        pct = {k: ".1f" for k in ("mape_pct", "quantile_err_pct", "run_to_run_pct", "quantile_run_to_run_pct")}
-        parts.append(_table(table, fmt | pct))
-        parts.append(
-            "<p>Times in seconds. MAPE is per request (TTFT, TPOT) or per iteration (predictor vs the "
-            "measured latency of the iterations that actually ran), against each request's median over the "
-            "real runs; run_to_run_pct is how far those real runs land apart (the noise floor: a "
-            "prediction cannot agree with a run better than the runs agree). quantile_err_pct compares "
-            "the distributions instead (error at p10, p25, p50, p75 and p90, averaged), with its own "
-            "floor quantile_run_to_run_pct.</p>"
+        table.append(
+            {"model": r["model"], "workload": r["workload"], "metric": "iteration", "mape_pct": r["iteration_mape"]}
         )
-        for r in vals:
-            parts.append(
-                f"<div><img src='{_cdf_plot(r, 'ttft')}'><img src='{_cdf_plot(r, 'tpot')}'>"
-                f"<img src='{_iteration_plot(r)}'></div>"
-            )
-    else:
+    return table
+
+
+def _validation_section(vals: list[dict[str, Any]]) -> list[str]:
+    """Serving validations: simulated vs measured, a table over all of them and each one's plots."""
+    parts = ["<h2>Serving validation: simulated vs measured (real engine on this machine)</h2>"]
+    if not vals:
         parts.append("<p><em>no validation results (run <code>dooly validate-serving</code>)</em></p>")
-    sims = [r for r in loaded if r.get("kind") == "simulation"]
-    if sims:
-        parts.append("<h2>Simulated serving</h2>")
-        for r in sims:
-            parts.append(f"<h3>{html.escape(r['model'])}: {html.escape(r['workload'])}</h3>")
-            parts.append(_table([r["summary"]], {}))
-            if r.get("sweep"):
-                parts.append(
-                    f"<p>sweep under {html.escape(r.get('slo', ''))}; best: "
-                    f"<b>{html.escape(str(r.get('best')))}</b></p>"
-                )
-                parts.append(_table(r["sweep"]))
-            if r.get("e2e"):
-                fig, ax = _fig(5.0, 3.2)
-                for metric in ("ttft", "e2e"):
-                    xs = np.sort(np.array([v for v in r[metric] if v is not None], dtype=float) * 1e3)
-                    ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=metric.upper())
-                ax.set_xlabel("ms")
-                ax.set_ylabel("CDF")
-                ax.legend()
-                parts.append(f"<img src='{_png(fig)}'>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        return parts
+    fmt = {k: ".4f" for k in ("measured_p50", "simulated_p50", "measured_mean", "simulated_mean")}
+    pct = {k: ".1f" for k in ("mape_pct", "quantile_err_pct", "run_to_run_pct", "quantile_run_to_run_pct")}
+    parts.append(_table(_validation_rows(vals), fmt | pct))
+    parts.append(
+        "<p>Times in seconds. MAPE is per request (TTFT, TPOT) or per iteration (predictor vs the "
+        "measured latency of the iterations that actually ran), against each request's median over the "
+        "real runs; run_to_run_pct is how far those real runs land apart (the noise floor: a "
+        "prediction cannot agree with a run better than the runs agree). quantile_err_pct compares "
+        "the distributions instead (error at p10, p25, p50, p75 and p90, averaged), with its own "
+        "floor quantile_run_to_run_pct.</p>"
+    )
+    for r in vals:
+        parts.append(
+            f"<div><img src='{_cdf_plot(r, 'ttft')}'><img src='{_cdf_plot(r, 'tpot')}'>"
+            f"<img src='{_iteration_plot(r)}'></div>"
+        )
+    return parts
+
+
+def _simulation_section(sims: list[dict[str, Any]]) -> list[str]:
+    """Simulated serving results: each one's summary, its sweep and its latency CDFs (no section without any)."""
+    parts = ["<h2>Simulated serving</h2>"] if sims else []
+    for r in sims:
+        parts.append(f"<h3>{html.escape(r['model'])}: {html.escape(r['workload'])}</h3>")
+        parts.append(_table([r["summary"]], {}))
+        if r.get("sweep"):
+            parts.append(
+                f"<p>sweep under {html.escape(r.get('slo', ''))}; best: <b>{html.escape(str(r.get('best')))}</b></p>"
+            )
+            parts.append(_table(r["sweep"]))
+        if r.get("e2e"):
+            parts.append(f"<img src='{_latency_cdf_plot(r)}'>")
+    return parts
+
+
+def _latency_cdf_plot(result: dict[str, Any]) -> str:
+    fig, ax = _fig(5.0, 3.2)
+    for metric in ("ttft", "e2e"):
+        xs = np.sort(np.array([v for v in result[metric] if v is not None], dtype=float) * 1e3)
+        ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=metric.upper())
+    ax.set_xlabel("ms")
+    ax.set_ylabel("CDF")
+    ax.legend()
+    return _png(fig)
 
 
 def write_report(db: str | Path, output: str | Path, results: str | Path | None = None) -> Path:
