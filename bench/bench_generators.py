@@ -37,6 +37,9 @@ Markov-4 is fitted on that same block, and the model samples each workload (rows
 
 `ar` and `markov4` are sampled twice from one fit: unguided (rows `ar`, `markov4`) and kept within the kernel
 invariants (`ar+guided`, `markov4+guided`).
+`block` (block diffusion, `--block`, `--block-steps`) is fitted only when named: `--only block`, or
+`--init models/all --init-kinds ar block` (rows block[=all] from random weights of the checkpoint's size, block[all]
+started from it); it is sampled as ar, unguided and guided.
 `--sample-steps 64 256 256:confidence` samples the masked model once per setting from the same fit
 (rows `masked@256`, ...); `--only masked markov4` fits only those.
 
@@ -55,7 +58,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +76,7 @@ from tracesynth.evaluate.tasks import next_event_scores, same_phase_discriminato
 from tracesynth.evaluate.windows import Split, make_windows  # noqa: E402
 from tracesynth.generators import load_generator  # noqa: E402
 from tracesynth.generators.ar import ARConfig, Autoregressive  # noqa: E402
+from tracesynth.generators.block import BlockConfig, BlockDiffusion  # noqa: E402
 from tracesynth.generators.markov import MarkovChain  # noqa: E402
 from tracesynth.generators.masked import UNMASK, MaskedConfig, MaskedDiffusion  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
@@ -89,6 +93,7 @@ def _generators(args) -> dict[str, object]:
         "markov4": MarkovChain(order=4),
         "masked": MaskedDiffusion(MaskedConfig(**common)),
         "ar": Autoregressive(ARConfig(**common)),
+        "block": BlockDiffusion(BlockConfig(**common, block=args.block, block_steps=args.block_steps)),
     }
     if args.gaussian or (args.only and "gaussian" in args.only):
         from tracesynth.generators.diffusion.config import GaussianDiffusionConfig
@@ -96,22 +101,26 @@ def _generators(args) -> dict[str, object]:
 
         cfg = GaussianDiffusionConfig(context=args.context, steps=10**9, time_limit=args.train_seconds)
         gens["gaussian"] = GaussianDiffusion(cfg)
-    gens = {k: gens[k] for k in args.only} if args.only else gens  # in the order asked for
-    if args.init:  # the same autoregressive model twice: from scratch, and as (generator, fitted model it starts from)
+    # in the order asked for; block only when asked for
+    gens = {k: gens[k] for k in args.only} if args.only else {k: v for k, v in gens.items() if k != "block"}
+    if args.init:  # each --init-kinds model twice: from scratch, and as (generator, fitted model it starts from)
         init = load_generator(args.init)
         if not isinstance(init, Autoregressive):
             sys.exit(f"{args.init}: --init takes an autoregressive model, not a {init.name} one")
         size = replace(init.config, conditional=False, steps=10**9, time_limit=args.train_seconds, chains=args.chains,
                        seed=args.seed)
-        gens[f"ar[={args.init.name}]"] = Autoregressive(size)
-        gens[f"ar[{args.init.name}]"] = (Autoregressive(size), init)
+        block = BlockConfig(**asdict(size), block=args.block, block_steps=args.block_steps)
+        for kind, make in (("ar", lambda: Autoregressive(size)), ("block", lambda: BlockDiffusion(block))):
+            if kind in args.init_kinds:
+                gens[f"{kind}[={args.init.name}]"] = make()
+                gens[f"{kind}[{args.init.name}]"] = (make(), init)
     return gens
 
 
 def _samplings(gname: str, args) -> list[tuple[str, dict]]:
     """(row name, sampler settings) for each way a fitted generator is sampled: masked once per --sample-steps,
     ar and markov4 unguided and guided by the kernel invariants."""
-    if gname.split("[")[0] == "ar":  # one row per --temperatures value, unguided and guided
+    if gname.split("[")[0] in ("ar", "block"):  # one row per --temperatures value, unguided and guided
         return [(f"{gname}{'' if t == 1 else f'@t{t:g}'}{'+guided' if g == 'kernel' else ''}",
                  {"guide": g, "temperature": t}) for t in args.temperatures for g in ("none", "kernel")]
     if gname == "markov4":
@@ -278,8 +287,10 @@ def main() -> None:
     ap.add_argument("--sample-steps", nargs="+", default=["64"],
                     help="masked sampler steps, one row each; STEPS:UNMASK picks the unmasking order")
     ap.add_argument("--chains", type=int, default=16, help="chains sampled in parallel by the token models")
-    ap.add_argument("--only", nargs="+", choices=["markov4", "masked", "ar", "gaussian"], default=None,
-                    help="fit only these generators (default: all but gaussian)")
+    ap.add_argument("--only", nargs="+", choices=["markov4", "masked", "ar", "block", "gaussian"], default=None,
+                    help="fit only these generators (default: all but gaussian and block)")
+    ap.add_argument("--block", type=int, default=16, help="block: events per block")
+    ap.add_argument("--block-steps", type=int, default=None, help="block: sampler passes per block (block // 2)")
     ap.add_argument("--temperatures", nargs="+", type=float, default=[1.0],
                     help="sample ar at each of these softmax temperatures (rows ar@tT; 1 = the model's distribution)")
     ap.add_argument("--jsd-terms", type=int, default=0, metavar="K",
@@ -290,6 +301,8 @@ def main() -> None:
                     help="also fine-tune this fitted autoregressive model (e.g. models/all) on each training block "
                          "(row ar[all]) beside the same network trained from scratch (row ar[=all]), both for "
                          "--train-seconds")
+    ap.add_argument("--init-kinds", nargs="+", choices=["ar", "block"], default=["ar"],
+                    help="with --init: the kinds fitted from scratch and from --init (rows KIND[=all], KIND[all])")
     ap.add_argument("--seed", type=int, default=0, help="seed of the neural models' weights, batches and samples")
     ap.add_argument("--sample-seeds", type=int, nargs="+", default=None,
                     help="sample (and score) every fitted generator once per seed, then print each figure's mean "

@@ -55,7 +55,7 @@ def test_registry_builds_each_kind_behind_the_protocol() -> None:
         {"kind": "ar", "config": {"steps": 5}}).config
     with pytest.raises(TraceSynthError, match="not a generator config or spec: int"):
         make_generator(3)
-    known = r"\(known: diffusion, masked, ar, markov, sdv_par\)"
+    known = r"\(known: diffusion, masked, ar, block, markov, sdv_par\)"
     with pytest.raises(TraceSynthError, match=r"unknown generator kind 'gan' " + known):
         make_generator({"kind": "gan"})
     with pytest.raises(TraceSynthError, match="unknown generator kind None"):

@@ -1,5 +1,5 @@
 """The interface every generator (the diffusion model and each baseline) implements, and the one
-registry that maps a kind ("diffusion", "masked", "ar", "markov", "sdv_par") to its config dataclass (the
+registry that maps a kind ("diffusion", "masked", "ar", "block", "markov", "sdv_par") to its config dataclass (the
 one place of the kind's defaults) and its class.
 
 Configs, the CLI and the evaluation harness build and load generators only through `make_generator`
@@ -128,6 +128,12 @@ def _ar_cls() -> type:
     return Autoregressive
 
 
+def _block_cls() -> type:
+    from tracesynth.generators.block import BlockDiffusion
+
+    return BlockDiffusion
+
+
 def _config_of(cls: Callable[[], type]) -> Callable[[], type]:
     """The config class of the token generator class `cls` imports (its `config_cls`)."""
     return lambda: cls().config_cls
@@ -166,6 +172,8 @@ KINDS: dict[str, Kind] = {
              ("format", "tracesynth-masked-1"), ("workload", "progress")),
         Kind("ar", _config_of(_ar_cls), _nested("ar"), lambda cfg: _ar_cls()(cfg), _ar_cls,
              ("format", "tracesynth-ar-2"), ("workload", "guide", "progress")),
+        Kind("block", _config_of(_block_cls), _nested("block"), lambda cfg: _block_cls()(cfg), _block_cls,
+             ("format", "tracesynth-block-1"), ("workload", "guide", "progress")),
         Kind("markov", _markov_config, _markov_parse, lambda cfg: _markov_cls()(cfg.order), _markov_cls,
              ("kind", "markov"), ("guide",)),
         Kind("sdv_par", None, _sdv_par_parse, _sdv_par, None, None),
