@@ -101,7 +101,7 @@ class BlockNet(CausalNet):
             x = torch.cat([self.bos.expand(x.shape[0], 1, -1), x], dim=1)
         return self.condition(x, tokens)
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor, cache: list[list[torch.Tensor]] | None = None,
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None, cache: list[list[torch.Tensor]] | None = None,
                start: int = 0) -> torch.Tensor:
         """Hidden states of inputs x [b, n, d] (positions added); mask [n, keys] bool (None: all). With `cache`, x holds
         positions start..start+n-1, their keys and values are written there and the keys are cache[:start+n]."""
