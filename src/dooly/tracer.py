@@ -150,23 +150,11 @@ def _composites_symbolic():
     return enable_python_dispatcher() if old else nullcontext()
 
 
-def _trace_once(
-    config: Mapping[str, Any],
-    phase: str,
-    values: Mapping[str, int],
-    name: str | None,
-    engine: Engine,
-    allow_constants: bool = False,
-) -> tuple[ModelTrace, list[sympy.Basic]]:
-    """One traced pass at the dummy request ``values``, and the guards (sympy, over the named request symbols)
-    its control flow relied on. The trace's ``guards`` are filled in by :func:`_explore`. ``allow_constants``:
-    a request size the code fixes stays fixed (the guards then pin it to that value)."""
-    t0 = time.perf_counter()
-    syms = RequestSymbols()
-    syms.allow_constants = allow_constants
+def _build_on_fakes(config: Mapping[str, Any], engine: Engine, syms: RequestSymbols, values: Mapping[str, int]):  # type: ignore[no-untyped-def]
+    """``engine``'s model for ``config``, built on fake tensors; a failure says whether it builds at all."""
     try:
         with syms.fake_mode:
-            model = engine.build_model(config)
+            return engine.build_model(config)
     except DoolyError:
         raise
     except UnsupportedOperatorException as exc:
@@ -181,13 +169,34 @@ def _trace_once(
             f"the model builds on real tensors but not on fake ones, so it cannot be traced "
             f"({one_line(exc)} at {_engine_frame(exc)})"
         ) from None
+
+
+def _request_shape(syms: RequestSymbols, phase: str, values: Mapping[str, int]) -> RequestShape:
+    """The dummy request of ``phase`` at ``values``, its sizes symbolic (``requests`` made first)."""
     requests = syms.new("requests", values["requests"])
     if phase == "prefill":
-        shape = RequestShape.prefill(requests, syms.new("tokens", values["tokens"]))
-    elif phase == "decode":
-        shape = RequestShape.decode(requests, syms.new("kv_len", values["kv_len"]))
-    else:
-        shape = RequestShape(requests, syms.new("tokens", values["tokens"]), syms.new("kv_len", values["kv_len"]))
+        return RequestShape.prefill(requests, syms.new("tokens", values["tokens"]))
+    if phase == "decode":
+        return RequestShape.decode(requests, syms.new("kv_len", values["kv_len"]))
+    return RequestShape(requests, syms.new("tokens", values["tokens"]), syms.new("kv_len", values["kv_len"]))
+
+
+def _trace_once(
+    config: Mapping[str, Any],
+    phase: str,
+    values: Mapping[str, int],
+    name: str | None,
+    engine: Engine,
+    allow_constants: bool = False,
+) -> tuple[ModelTrace, list[sympy.Basic]]:
+    """One traced pass at the dummy request ``values``, and the guards (sympy, over the named request symbols)
+    its control flow relied on. The trace's ``guards`` are filled in by :func:`_explore`. ``allow_constants``:
+    a request size the code fixes stays fixed (the guards then pin it to that value)."""
+    t0 = time.perf_counter()
+    syms = RequestSymbols()
+    syms.allow_constants = allow_constants
+    model = _build_on_fakes(config, engine, syms, values)
+    shape = _request_shape(syms, phase, values)
     t_build = time.perf_counter() - t0
 
     try:
