@@ -146,8 +146,50 @@ def read_lttng(path: str | Path) -> Trace:
     info = _merged_metadata(dirs)
     ctx = info["context_fields"]
     ours = info["tracesynth"]
+    has_ctx_tid, has_ctx_comm = "tid" in ctx, "procname" in ctx
+
+    # tracesynth writes unknown comms as NULL_COMM; an empty procname means unknown everywhere
+    comms = Vocab(nulls={"", NULL_COMM} if ours else {""})
+    events = Vocab()
+    state = _SchedState()
+    # compact numpy columns per block (~33 bytes an event); -1 marks nulls in cpu/tid/comm
+    parts: dict[str, list[Any]] = {k: [] for k in ("ts", "event", "cpu", "tid", "comm", "ret", "has_ret")}
+    for batch in iter_ctf_batches(path, _fields(info)):
+        n = batch.num_rows
+        if n == 0:
+            continue
+        event = batch["event"]
+        names = event.dictionary.to_pylist()
+        is_switch = np.zeros(n, dtype=bool)
+        if "sched_switch" in names:
+            is_switch = event.indices.to_numpy(zero_copy_only=False) == names.index("sched_switch")
+        cpu = _ints(batch["cpu"])
+        tid, comm = _tid_comm(batch, cpu, is_switch, comms, state, has_ctx_tid, has_ctx_comm)
+        ret = batch["ret"]
+        ts = batch["ts"].to_numpy()
+        # babeltrace2 merges streams in time order; check it here, block by block, instead of on the
+        # whole table at the end (whose diff would double the peak memory)
+        before = np.concatenate([[parts["ts"][-1][-1] if parts["ts"] else ts[0]], ts[:-1]])
+        if (ts < before).any():  # compared, not subtracted: a difference may overflow int64
+            raise TraceSynthError("timestamps go backwards in babeltrace2's output (corrupt trace?)", path)
+        parts["ts"].append(ts)
+        parts["event"].append(events.grow(event))
+        parts["cpu"].append(cpu.astype(np.int32))
+        parts["tid"].append(tid)
+        parts["comm"].append(comm)
+        parts["ret"].append(ret.fill_null(0).to_numpy(zero_copy_only=False))
+        parts["has_ret"].append(ret.is_valid().to_numpy(zero_copy_only=False))
+    if not parts["ts"]:
+        raise TraceSynthError("the trace holds no events", path)
+    table = pa.table(_arrays(parts, events, comms), schema=SCHEMA)
+    return normalise_legacy_syscalls(Trace(table, _trace_metadata(path, info), validate=False))
+
+
+def _fields(info: dict[str, Any]) -> list[Field]:
+    """The fields to read beside the event, timestamp and CPU, for the trace's context fields."""
+    ctx = info["context_fields"]
     # ret: syscall exits; in our own traces every event class that declares a `ret` field
-    ret_events = tuple(sorted(glob.escape(n) for n in info["ret_events"])) if ours else SYSCALL_EXITS
+    ret_events = tuple(sorted(glob.escape(n) for n in info["ret_events"])) if info["tracesynth"] else SYSCALL_EXITS
     switch = ("sched_switch",)
     fields = [
         Field("ret", scope="payload", events=ret_events),
@@ -167,61 +209,47 @@ def read_lttng(path: str | Path) -> Trace:
             Field("tid", scope="payload", events=(STATEDUMP_PROCESS,), column="sd_tid"),
             Field("name", kind="str", scope="payload", events=(STATEDUMP_PROCESS,), column="sd_name"),
         ]
+    return fields
 
-    # tracesynth writes unknown comms as NULL_COMM; an empty procname means unknown everywhere
-    comms = Vocab(nulls={"", NULL_COMM} if ours else {""})
-    events = Vocab()
-    state = _SchedState()
-    # compact numpy columns per block (~33 bytes an event); -1 marks nulls in cpu/tid/comm
-    parts: dict[str, list[Any]] = {k: [] for k in ("ts", "event", "cpu", "tid", "comm", "ret", "has_ret")}
-    for batch in iter_ctf_batches(path, fields):
-        n = batch.num_rows
-        if n == 0:
-            continue
-        event = batch["event"]
-        names = event.dictionary.to_pylist()
-        is_switch = np.zeros(n, dtype=bool)
-        if "sched_switch" in names:
-            is_switch = event.indices.to_numpy(zero_copy_only=False) == names.index("sched_switch")
-        cpu = _ints(batch["cpu"])
-        prev = (_ints(batch["prev_tid"]), comms.grow(batch["prev_comm"]))
-        nxt = (_ints(batch["next_tid"]), comms.grow(batch["next_comm"]))
-        if has_ctx_tid:
-            tid = _ints(batch["ctx_tid"])
-            tid[tid < 0] = -1
-        if has_ctx_comm:
-            comm = comms.grow(batch["ctx_comm"])
-        if not (has_ctx_tid and has_ctx_comm):
-            d_tid, d_comm = state.derive(cpu, is_switch, prev, nxt)
-            if not has_ctx_tid:
-                tid = d_tid
-            if not has_ctx_comm:
-                if has_ctx_tid:
-                    state.learn_names(_ints(batch["sd_tid"]), comms.grow(batch["sd_name"]))
-                    state.learn_names(prev[0][is_switch], prev[1][is_switch])
-                    state.learn_names(nxt[0][is_switch], nxt[1][is_switch])
-                    comm = state.lookup_names(tid)
-                else:
-                    comm = d_comm
-        ret = batch["ret"]
-        ts = batch["ts"].to_numpy()
-        # babeltrace2 merges streams in time order; check it here, block by block, instead of on the
-        # whole table at the end (whose diff would double the peak memory)
-        before = np.concatenate([[parts["ts"][-1][-1] if parts["ts"] else ts[0]], ts[:-1]])
-        if (ts < before).any():  # compared, not subtracted: a difference may overflow int64
-            raise TraceSynthError("timestamps go backwards in babeltrace2's output (corrupt trace?)", path)
-        parts["ts"].append(ts)
-        parts["event"].append(events.grow(event))
-        parts["cpu"].append(cpu.astype(np.int32))
-        parts["tid"].append(tid)
-        parts["comm"].append(comm)
-        parts["ret"].append(ret.fill_null(0).to_numpy(zero_copy_only=False))
-        parts["has_ret"].append(ret.is_valid().to_numpy(zero_copy_only=False))
-    if not parts["ts"]:
-        raise TraceSynthError("the trace holds no events", path)
+
+def _tid_comm(
+    batch: pa.RecordBatch,
+    cpu: np.ndarray,
+    is_switch: np.ndarray,
+    comms: Vocab,
+    state: _SchedState,
+    has_ctx_tid: bool,
+    has_ctx_comm: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """tid and comm codes of one block's rows: from the context fields where the trace has them, else derived
+    from sched_switch (and, for comm with a tid context, from the names seen so far)."""
+    prev = (_ints(batch["prev_tid"]), comms.grow(batch["prev_comm"]))
+    nxt = (_ints(batch["next_tid"]), comms.grow(batch["next_comm"]))
+    if has_ctx_tid:
+        tid = _ints(batch["ctx_tid"])
+        tid[tid < 0] = -1
+    if has_ctx_comm:
+        comm = comms.grow(batch["ctx_comm"])
+    if not (has_ctx_tid and has_ctx_comm):
+        d_tid, d_comm = state.derive(cpu, is_switch, prev, nxt)
+        if not has_ctx_tid:
+            tid = d_tid
+        if not has_ctx_comm:
+            if has_ctx_tid:
+                state.learn_names(_ints(batch["sd_tid"]), comms.grow(batch["sd_name"]))
+                state.learn_names(prev[0][is_switch], prev[1][is_switch])
+                state.learn_names(nxt[0][is_switch], nxt[1][is_switch])
+                comm = state.lookup_names(tid)
+            else:
+                comm = d_comm
+    return tid, comm
+
+
+def _arrays(parts: dict[str, list[Any]], events: Vocab, comms: Vocab) -> list[pa.Array]:
+    """The table's columns in SCHEMA order from the blocks' parts, each column's blocks freed once it is built
+    (peak: blocks + one column)."""
 
     def column(name: str) -> np.ndarray:
-        """One column in one array, its blocks freed at once (peak: blocks + one column)."""
         arr = np.concatenate(parts[name])
         parts[name] = []
         return arr
@@ -238,9 +266,7 @@ def read_lttng(path: str | Path) -> Trace:
     arrays.append(dict_column(column("comm"), comms))
     has_ret = column("has_ret")
     arrays.append(pa.array(column("ret"), type=pa.int64(), mask=~has_ret))
-    return normalise_legacy_syscalls(
-        Trace(pa.table(arrays, schema=SCHEMA), _trace_metadata(path, info), validate=False)
-    )
+    return arrays
 
 
 def _trace_metadata(path: Path, info: dict[str, Any]) -> dict[str, Any]:

@@ -212,17 +212,12 @@ class _Block:
         )
 
 
-def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
-    """Parse whole lines of perf script text; returns (block-local columns, number of lines skipped).
-
-    Thread-safe (no shared state): event and comm codes index the block's own name lists, and
-    raw syscall rows carry their number; _finish_block maps them onto the reader's vocabularies.
-    """
-    # Zero padding on both sides lets every fixed-width window read past a malformed line's ends.
-    buf = np.frombuffer(bytes(_LPAD) + data + bytes(_PAD), dtype=np.uint8)
-    nl = np.flatnonzero(buf[_LPAD : _LPAD + len(data)] == _NL) + _LPAD
+def _event_lines(buf: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, first non-space byte) of each event line of the ``size`` bytes of text padded in ``buf``;
+    blank, comment and header lines left out."""
+    nl = np.flatnonzero(buf[_LPAD : _LPAD + size] == _NL) + _LPAD
     if len(nl) == 0:
-        return None, 0
+        return (np.zeros(0, dtype=np.int64),) * 3
     starts = np.empty(len(nl), dtype=np.int64)
     starts[0] = _LPAD
     starts[1:] = nl[:-1] + 1
@@ -231,7 +226,54 @@ def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
     # Drop blank lines and comment/header lines before locating fields.
     first = _skip_spaces(buf, starts, 64)
     keep = (first < ends) & (buf[first] != ord("#"))
-    starts, ends, first = starts[keep], ends[keep], first[keep]
+    return starts[keep], ends[keep], first[keep]
+
+
+def _payloads(
+    buf: np.ndarray, raw_codes: np.ndarray, raw_names: list[str], p0: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the rows' payloads (from ``p0``, after "event: ") say of syscalls: (ret, has_ret, sys_dir, sys_nr);
+    raw_syscalls rows carry their direction and number, their names are looked up later."""
+    n = len(p0)
+    ret = np.zeros(n, dtype=np.int64)
+    has_ret = np.zeros(n, dtype=bool)
+    sys_dir = np.zeros(n, dtype=np.int8)  # 1: raw_syscalls:sys_enter, 2: raw_syscalls:sys_exit
+    sys_nr = np.full(n, -1, dtype=np.int64)
+    for k, raw in enumerate(raw_names):
+        if raw in ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit"):
+            rows = np.flatnonzero(raw_codes == k)
+            # "NR 12 (args)" / "NR 12 = ret"
+            s = p0[rows] + 3
+            neg = buf[s] == _MINUS  # "NR -1": the kernel lost the number (restarted call): unknown
+            e = _digits_forward(buf, s + neg, 8)
+            nr, ok_nr = _parse_uint(buf, s + neg, e, 4)
+            sys_nr[rows] = np.where(ok_nr & ~neg, nr, -1)
+            sys_dir[rows] = 1 if raw.endswith("enter") else 2
+            if raw.endswith("exit"):
+                r0 = e + 3  # " = "
+                minus = buf[r0] == _MINUS
+                r0 = r0 + minus
+                val, ok_r = _parse_uint(buf, r0, ends[rows], 18)
+                ret[rows] = np.where(minus, -val, val)
+                has_ret[rows] = ok_r
+        elif raw.startswith("syscalls:sys_exit_"):
+            rows = np.flatnonzero(raw_codes == k)
+            # "0x<hex>" (the return value as an unsigned long)
+            val, ok_r = _parse_hex(buf, p0[rows] + 2, ends[rows])
+            ret[rows] = val
+            has_ret[rows] = ok_r
+    return ret, has_ret, sys_dir, sys_nr
+
+
+def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
+    """Parse whole lines of perf script text; returns (block-local columns, number of lines skipped).
+
+    Thread-safe (no shared state): event and comm codes index the block's own name lists, and
+    raw syscall rows carry their number; _finish_block maps them onto the reader's vocabularies.
+    """
+    # Zero padding on both sides lets every fixed-width window read past a malformed line's ends.
+    buf = np.frombuffer(bytes(_LPAD) + data + bytes(_PAD), dtype=np.uint8)
+    starts, ends, first = _event_lines(buf, len(data))
     if len(starts) == 0:
         return None, 0
     colons = _positions(buf, _COLON)
@@ -283,34 +325,7 @@ def _parse_block(data: bytes) -> tuple[dict[str, Any] | None, int]:
         return None, skipped
     raw_codes, raw_names, _ = _strings(buf, e0, e1, _EVENT_WIDTH)
     comm_codes, comm_names, _ = _strings(buf, first, comm_last + 1, _COMM_WIDTH)
-    ret = np.zeros(n, dtype=np.int64)
-    has_ret = np.zeros(n, dtype=bool)
-    sys_dir = np.zeros(n, dtype=np.int8)  # 1: raw_syscalls:sys_enter, 2: raw_syscalls:sys_exit
-    sys_nr = np.full(n, -1, dtype=np.int64)
-    p0 = e1 + 2  # payload start after "event: "
-    for k, raw in enumerate(raw_names):
-        if raw in ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit"):
-            rows = np.flatnonzero(raw_codes == k)
-            # "NR 12 (args)" / "NR 12 = ret"
-            s = p0[rows] + 3
-            neg = buf[s] == _MINUS  # "NR -1": the kernel lost the number (restarted call): unknown
-            e = _digits_forward(buf, s + neg, 8)
-            nr, ok_nr = _parse_uint(buf, s + neg, e, 4)
-            sys_nr[rows] = np.where(ok_nr & ~neg, nr, -1)
-            sys_dir[rows] = 1 if raw.endswith("enter") else 2
-            if raw.endswith("exit"):
-                r0 = e + 3  # " = "
-                minus = buf[r0] == _MINUS
-                r0 = r0 + minus
-                val, ok_r = _parse_uint(buf, r0, ends[rows], 18)
-                ret[rows] = np.where(minus, -val, val)
-                has_ret[rows] = ok_r
-        elif raw.startswith("syscalls:sys_exit_"):
-            rows = np.flatnonzero(raw_codes == k)
-            # "0x<hex>" (the return value as an unsigned long)
-            val, ok_r = _parse_hex(buf, p0[rows] + 2, ends[rows])
-            ret[rows] = val
-            has_ret[rows] = ok_r
+    ret, has_ret, sys_dir, sys_nr = _payloads(buf, raw_codes, raw_names, e1 + 2, ends)
     cols = {"ts": ts, "cpu": cpu.astype(np.int32), "tid": tid, "ret": ret, "has_ret": has_ret}
     cols.update(raw_codes=raw_codes, raw_names=raw_names, comm_codes=comm_codes, comm_names=comm_names)
     cols.update(sys_dir=sys_dir, sys_nr=sys_nr)
