@@ -133,7 +133,7 @@ def test_cli_fit_checks_its_output_before_training(tmp_path: Path, monkeypatch) 
     r = CliRunner().invoke(app, ["fit", data, "-o", str(tmp_path / "k"), "--kind", "markov", "--resume"])
     assert isinstance(r.exception, TraceSynthError) and "fits in one pass" in str(r.exception)
     r = CliRunner().invoke(app, ["fit", "--help"], env={"COLUMNS": "300"})
-    assert "ar, masked, diffusion: continue training" in " ".join(r.output.split())
+    assert "ar, masked, block, diffusion: continue training" in " ".join(r.output.split())
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from tracesynth.generators import get_kind, load_generator, make_generator, save
 _FIT_HELP = {
     "data": "Real traces to learn from (Parquet, or any readable format).",
     "kind": "Generator: ar (autoregressive transformer, the shipped models/all's kind), diffusion (the paper's "
-    "Gaussian model), masked (discrete diffusion) or markov.",
+    "Gaussian model), masked (discrete diffusion), block (block diffusion) or markov.",
     "order": "Markov order (with --kind markov; default 4).",
     "context": "Events per window (L); if not given 256 for ar, else 1024.",
     "channels": "6 (event, dt, cpu, tid, comm, ret) or 2 (event, dt); default 6.",
@@ -34,17 +34,18 @@ _FIT_HELP = {
     "d_model": "Transformer width; if not given 128 for ar, else 64.",
     "layers": "Transformer blocks; default 2.",
     "lr": "Peak learning rate; if not given 0.001 for ar, else 0.003.",
-    "checkpoint_every": "ar, masked, diffusion: write a checkpoint to -o every N steps (a loadable, sampleable model "
-    "with its training state); default 200.",
+    "checkpoint_every": "ar, masked, block, diffusion: write a checkpoint to -o every N steps (a loadable, "
+    "sampleable model with its training state); default 200.",
     "seed": "Seed of weights, batches and noise; default 0.",
     "device": "cpu or cuda (cuda:N); default cpu.",
-    "resume": "ar, masked, diffusion: continue training the model in -o from its last checkpoint on the same traces "
-    "(a fresh fit if -o holds none); its network and recipe are the checkpoint's, --steps and --time-limit count "
-    "the steps and seconds of both runs. Not markov (it fits in one pass).",
-    "conditional": "masked/ar: one model for the traces' workloads (sample it with --workload).",
+    "resume": "ar, masked, block, diffusion: continue training the model in -o from its last checkpoint on the "
+    "same traces (a fresh fit if -o holds none); its network and recipe are the checkpoint's, --steps and "
+    "--time-limit count the steps and seconds of both runs. Not markov (it fits in one pass).",
+    "conditional": "masked/ar/block: one model for the traces' workloads (sample it with --workload).",
     "threads": "torch CPU threads (0 = torch's default; 1 is faster on a busy CPU).",
-    "init": "masked/ar: start from this fitted model's network (e.g. the shipped models/all) instead of random "
-    "weights, and fine-tune it on the traces; its size and kind are kept. Worth it for a short trace.",
+    "init": "masked/ar/block: start from this fitted model's network (e.g. the shipped models/all) instead of "
+    "random weights, and fine-tune it on the traces; its size and kind are kept (a block model may start from an "
+    "ar one). Worth it for a short trace.",
     "anonymize": "Anonymise each trace before fitting (as `tracesynth anonymize`). Without it the model keeps the "
     "traces' real command names (vocab.json) and real thread ids (ret values of gettid, clone, ...).",
     "salt": "Salt of the comm hashes with --anonymize (default: random; give the same one to --resume, and one under "
@@ -92,7 +93,7 @@ def fit(
     if gen_kind.name == "diffusion":
         _fit_diffusion(gen_kind, traces, output, options, resume=saved is not None)
         return
-    if gen_kind.name in ("masked", "ar"):
+    if gen_kind.name in TOKEN_KINDS:
         fit_args = {"checkpoint_every": checkpoint_every} if checkpoint_every else {}
         gen = _fit_token(gen_kind, traces, output, options, start, init, resume=saved is not None, **fit_args)
         what = f"{gen.fit_info['train_steps']} steps, {gen.n_params:,} weights"
@@ -119,12 +120,14 @@ def _fit_kind(ctx: typer.Context, kind: str, output: Path, init: Path | None, re
     if saved is not None and saved.name != gen_kind.name:
         raise TraceSynthError(f"--resume: it holds a {saved.name} model, not a {kind} one", output)
     if resume and gen_kind.name == "markov":
-        raise TraceSynthError("--resume applies to ar, masked and diffusion models: a markov one fits in one pass")
-    if conditional and gen_kind.name not in ("masked", "ar"):
-        raise TraceSynthError(f"--conditional applies to masked and ar models, not a {kind} one")
-    if start is not None and gen_kind.name not in ("masked", "ar"):
         raise TraceSynthError(
-            f"--init applies to masked and ar models, not a {kind} one"
+            "--resume applies to ar, masked, block and diffusion models: a markov one fits in one pass"
+        )
+    if conditional and gen_kind.name not in TOKEN_KINDS:
+        raise TraceSynthError(f"--conditional applies to masked, ar and block models, not a {kind} one")
+    if start is not None and gen_kind.name not in TOKEN_KINDS:
+        raise TraceSynthError(
+            f"--init applies to masked, ar and block models, not a {kind} one"
             + (" (use --resume)" if gen_kind.name == "diffusion" else "")
         )
     return start, saved, gen_kind
@@ -246,6 +249,8 @@ def _given(ctx: typer.Context, param: str) -> bool:
 
 
 # the config fields that size the network, and the option that sets each
+TOKEN_KINDS = ("masked", "ar", "block")  # the token models: checkpoints, --resume, --init, --conditional
+
 _SIZE_OPTIONS = {"context": "context", "d_model": "d_model", "n_layers": "layers", "channels": "channels"}
 
 
@@ -256,7 +261,7 @@ def _init_config(start, gen_kind, options: dict, init: Path) -> dict:
     """The config of a fit that starts from the fitted model `start`: its network size (a size option given
     that differs is an error), its sampler settings, and the training settings asked for (learning rate and
     batch size: the start's unless given)."""
-    if start.name != gen_kind.name:
+    if start.name != gen_kind.name and (start.name, gen_kind.name) != ("ar", "block"):  # block runs ar's network
         raise TraceSynthError(f"--init is a {start.name} model: fit it with --kind {start.name}", init)
     cfg = asdict(start.config)
     for key, param in _SIZE_OPTIONS.items():
