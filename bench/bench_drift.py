@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO / "src"))
 from tracesynth.evaluate.metrics import counts_jsd, ngram_counts  # noqa: E402
 from tracesynth.generators import load_generator  # noqa: E402
 from tracesynth.generators.ar import Autoregressive  # noqa: E402
+from tracesynth.generators.guide import KernelGuide  # noqa: E402
 from tracesynth.generators.tokens import CHANNELS  # noqa: E402
-from tracesynth.guide import KernelGuide  # noqa: E402
 from tracesynth.io import read_trace  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Constraint-guided decoding (tracesynth.guide): the guide's masks on a hand-made state, and a tiny
+"""Constraint-guided decoding (tracesynth.generators.guide): the guide's masks on a hand-made state, and a tiny
 trained autoregressive model whose guided samples break no kernel invariant while unguided ones do."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tracesynth.constraints import check_trace, mine_rules
 from tracesynth.errors import TraceSynthError
 from tracesynth.generators import load_generator
 from tracesynth.generators.ar import ARConfig, Autoregressive
+from tracesynth.generators.guide import KernelFacts, KernelGuide
 from tracesynth.generators.masked import MaskedConfig, MaskedDiffusion
-from tracesynth.guide import KernelFacts, KernelGuide
 from tracesynth.io import read_trace
 from tracesynth.trace import Trace
 
@@ -160,8 +160,9 @@ def test_guide_is_stored_and_kept_through_save_load(fitted, tmp_path: Path) -> N
     assert back.sample(400, seed=0, guide="none") == fitted.sample(400, seed=0, guide="none")
     assert back.sample(400, seed=0, guide="none") != back.sample(400, seed=0)
     out = tmp_path / "s.parquet"
-    res = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "300", "-o", str(out),
-                                   "--guide", "none", "--seed", "2"])
+    res = CliRunner().invoke(
+        app, ["sample", str(tmp_path / "m"), "--events", "300", "-o", str(out), "--guide", "none", "--seed", "2"]
+    )
     assert res.exit_code == 0, res.output
     assert Trace.load(out) == fitted.sample(300, seed=2, guide="none")
     res = CliRunner().invoke(app, ["sample", str(tmp_path / "m"), "--events", "3", "-o", str(out), "--guide", "x"])

@@ -14,7 +14,7 @@ from tracesynth.collect import sha256_file
 from tracesynth.constraints import check_trace, mine_rules, repair_trace
 from tracesynth.evaluate.metrics import ngram_jsd
 from tracesynth.generators import load_generator
-from tracesynth.guide import KernelGuide
+from tracesynth.generators.guide import KernelGuide
 from tracesynth.io import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,8 +95,9 @@ def test_the_guide_keeps_the_models_event_mix(model) -> None:
     mean 0.24 over the six; 0.02 / 0.16 / 0.02 / 0.17, mean 0.08 since the switches are inserted at the joins; two
     unguided samples of seeds 0 and 1 differ by 0.03-0.21, mean 0.13)."""
     dist = {
-        w: _event_mix_distance(model.sample(4000, seed=0, workload=w, guide="kernel"),
-                               model.sample(4000, seed=0, workload=w, guide="none"))
+        w: _event_mix_distance(
+            model.sample(4000, seed=0, workload=w, guide="kernel"), model.sample(4000, seed=0, workload=w, guide="none")
+        )
         for w in model.workloads
     }
     assert max(dist.values()) < 0.25 and sum(dist.values()) / len(dist) < 0.15, dist
@@ -107,8 +108,10 @@ def test_a_guided_sample_keeps_the_unguided_ones_trigram_fidelity(model, scimark
     redrawing within the mask instead pushed the model off its course (scimark2's guided sample: 3-gram JSD to
     the held-out block 0.122, unguided 0.073; with the exit taken 0.052)."""
     _, held_out, guided = scimark2
-    jsd = {"kernel": ngram_jsd(held_out, guided, 3),
-           "none": ngram_jsd(held_out, model.sample(20000, seed=0, workload="scimark2", guide="none"), 3)}
+    jsd = {
+        "kernel": ngram_jsd(held_out, guided, 3),
+        "none": ngram_jsd(held_out, model.sample(20000, seed=0, workload="scimark2", guide="none"), 3),
+    }
     assert jsd["kernel"] < 1.2 * jsd["none"], jsd
 
 

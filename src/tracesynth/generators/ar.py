@@ -7,7 +7,7 @@ event p one channel at a time, in `ORDER`: each channel's head also sees the emb
 channels of the same event already drawn, so an event's CPU, thread, type and return value are
 drawn jointly rather than independently. The order is the kernel's (which CPU runs next, then
 which thread is on it, then what that thread does), so that constraint-guided decoding
-(`tracesynth.guide`, the default `guide="kernel"`) can mask the thread with the CPU's current
+(`tracesynth.generators.guide`, the default `guide="kernel"`) can mask the thread with the CPU's current
 one and the event type with that thread's open syscall. Sampling keeps each layer's keys and values (a
 KV cache), so a new event costs one position through the network; a window of `context` events is
 filled this way and the next window restarts from the last `overlap` events.
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tracesynth.generators.guide import GUIDES, KernelGuide
 from tracesynth.generators.tokens import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
-from tracesynth.guide import GUIDES, KernelGuide
 
 FORMAT = "tracesynth-ar-2"  # -1 drew the event type first
 ORDER = ("cpu", "tid", "event", "comm", "ret", "dt")  # the order an event's channels are drawn in

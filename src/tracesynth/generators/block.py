@@ -18,7 +18,7 @@ t, and the loss is the masked events' cross-entropy weighted 1/t (MDLM's weight 
 
 Sampling fills a window block by block, each in `block_steps` passes of the network that reveal its unknown
 events left to right (the last event alone, the others in near-equal shares): the kernel guide
-(`tracesynth.guide`) can only judge an event once the events before it are fixed, so events are revealed in
+(`tracesynth.generators.guide`) can only judge an event once the events before it are fixed, so events are revealed in
 order, each one's channels drawn one at a time within the guide's masks, and committed before the next. The keys
 and values of finished blocks are kept (a KV cache): a pass computes only the block being denoised (the pass that
 draws a block's last event leaves the finished block's keys and values, since that event is no input of its own
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from tracesynth.errors import TraceSynthError
 from tracesynth.generators.ar import ORDER, Autoregressive, CausalNet
+from tracesynth.generators.guide import GUIDES, KernelGuide
 from tracesynth.generators.tokens import CHANNELS, WARM_START_SAME, TokenConfig, TokenModel
-from tracesynth.guide import GUIDES, KernelGuide
 
 FORMAT = "tracesynth-block-1"
 
@@ -73,7 +73,8 @@ class BlockConfig(TokenConfig):
         return {
             **super()._checks(),
             "4 <= block <= 64": isinstance(self.block, int) and 4 <= self.block <= 64,
-            "context divisible by block": isinstance(self.block, int) and self.block > 0
+            "context divisible by block": isinstance(self.block, int)
+            and self.block > 0
             and self.context % self.block == 0,
             "1 <= block_steps <= block": isinstance(self.block, int) and 1 <= self.block_steps <= self.block,
             "0 <= mask_low < mask_high <= 1": 0 <= self.mask_low < self.mask_high <= 1,
@@ -101,16 +102,20 @@ class BlockNet(CausalNet):
             x = torch.cat([self.bos.expand(x.shape[0], 1, -1), x], dim=1)
         return self.condition(x, tokens)
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None, cache: list[list[torch.Tensor]] | None = None,
-               start: int = 0) -> torch.Tensor:
+    def attend(
+        self, x: torch.Tensor, mask: torch.Tensor | None, cache: list[list[torch.Tensor]] | None = None, start: int = 0
+    ) -> torch.Tensor:
         """Hidden states of inputs x [b, n, d] (positions added); mask [n, keys] bool (None: all). With `cache`, x holds
         positions start..start+n-1, their keys and values are written there and the keys are cache[:start+n]."""
         b, n, d = x.shape
         H = self.n_heads
         for layer, kv in zip(self.body.layers, cache or [None] * len(self.body.layers), strict=True):
             attn = layer.self_attn
-            q, k, v = F.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias).view(b, n, 3, H, d // H) \
+            q, k, v = (
+                F.linear(layer.norm1(x), attn.in_proj_weight, attn.in_proj_bias)
+                .view(b, n, 3, H, d // H)
                 .permute(2, 0, 3, 1, 4)
+            )
             if kv is not None:
                 kv[0][:, :, start : start + n] = k
                 kv[1][:, :, start : start + n] = v
@@ -135,13 +140,15 @@ class BlockNet(CausalNet):
         mask = torch.cat([torch.cat([same, before], 1), torch.cat([torch.zeros_like(same), same | before], 1)], 0)
         return self.attend(x, mask)[:, :L]
 
-    def run(self, tokens: dict[str, torch.Tensor], start: int, end: int,
-            cache: list[list[torch.Tensor]]) -> torch.Tensor:
+    def run(
+        self, tokens: dict[str, torch.Tensor], start: int, end: int, cache: list[list[torch.Tensor]]
+    ) -> torch.Tensor:
         """Hidden states of positions start..end-1 (the blocks they cover) given the cache of the blocks before."""
         x = self.shifted(tokens, start, end) + self.pos[start:end]
         # one block attends to all the keys (None: SDPA's fast path); more blocks, block-causally
-        mask = block_causal(torch.arange(start, end), torch.arange(end), self.block) if end - start > self.block \
-            else None
+        mask = (
+            block_causal(torch.arange(start, end), torch.arange(end), self.block) if end - start > self.block else None
+        )
         return self.attend(x, mask, cache, start)
 
 
@@ -159,13 +166,19 @@ class BlockDiffusion(TokenModel):
     def _check_init(self, init: TokenModel) -> None:
         """A block model starts from a fitted ar model (the network is the same) or another block model."""
         if not isinstance(init, Autoregressive | BlockDiffusion) or init.model is None:
-            raise TraceSynthError(f"{self.config.what}: can only start from a fitted ar or block model, "
-                                  f"not a {getattr(init, 'name', type(init).__name__)} one")
-        differ = [f"{k} {getattr(self.config, k)} vs {getattr(init.config, k)}" for k in WARM_START_SAME
-                  if getattr(self.config, k) != getattr(init.config, k)]
+            raise TraceSynthError(
+                f"{self.config.what}: can only start from a fitted ar or block model, "
+                f"not a {getattr(init, 'name', type(init).__name__)} one"
+            )
+        differ = [
+            f"{k} {getattr(self.config, k)} vs {getattr(init.config, k)}"
+            for k in WARM_START_SAME
+            if getattr(self.config, k) != getattr(init.config, k)
+        ]
         if differ:
-            raise TraceSynthError(f"{self.config.what}: the network must be the size of the one it starts from "
-                                  f"({', '.join(differ)})")
+            raise TraceSynthError(
+                f"{self.config.what}: the network must be the size of the one it starts from ({', '.join(differ)})"
+            )
 
     def loss(self, clean: dict[str, torch.Tensor], t: torch.Tensor | None = None) -> torch.Tensor:
         """MDLM-weighted masked cross-entropy: per window t ~ U[mask_low, mask_high] (or `t`, [b]), each event
@@ -178,8 +191,10 @@ class BlockDiffusion(TokenModel):
         masked = torch.rand(b, L, device=dev) < t.clamp_min(1e-3)[:, None]
         noisy = {**clean, **{c: torch.where(masked, self.vocab[c], clean[c]) for c in CHANNELS}}
         h = net.denoise(noisy, clean)
-        ce = sum(F.cross_entropy(net.head(h, i, clean).transpose(1, 2), clean[c], reduction="none")
-                 for i, c in enumerate(ORDER))
+        ce = sum(
+            F.cross_entropy(net.head(h, i, clean).transpose(1, 2), clean[c], reduction="none")
+            for i, c in enumerate(ORDER)
+        )
         per_window = (ce * masked).sum(1) / (t.clamp_min(1e-3) * L * len(ORDER))
         return per_window.mean()
 
@@ -214,8 +229,15 @@ class BlockDiffusion(TokenModel):
             return [todo]
         return [*np.array_split(todo[:-1], K - 1), todo[-1:]]
 
-    def _reveal(self, h: torch.Tensor, s: int, chunk: np.ndarray, tokens: dict[str, torch.Tensor],
-                gen: torch.Generator, guide: KernelGuide | None) -> None:
+    def _reveal(
+        self,
+        h: torch.Tensor,
+        s: int,
+        chunk: np.ndarray,
+        tokens: dict[str, torch.Tensor],
+        gen: torch.Generator,
+        guide: KernelGuide | None,
+    ) -> None:
         """Draw the events `chunk` (window positions, in order) from the block's hidden states h [b, B, d]."""
         net: BlockNet = self.model
         if guide is None:  # every event of the chunk at once

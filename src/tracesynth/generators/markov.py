@@ -11,7 +11,7 @@
 - ret: drawn from the event type's empirical return values (null where the type never returns one).
 
 `sample(n, seed, guide="kernel")` draws the same chain one event at a time under the kernel invariants
-(what `tracesynth.guide` does for the `ar` model; the state is a `tracesynth.kernel.KernelState`), keeping the
+(what `generators.guide` does for the `ar` model; the state is a `tracesynth.kernel.KernelState`), keeping the
 event sequence the chain draws and moving the event instead: to the CPU where its thread is current, to the
 thread current on its CPU, or, where that thread may not do it (an entry inside a call, a wrong or orphan exit),
 to another CPU whose current thread may (or a free CPU and a thread current nowhere). Only where no CPU can take
@@ -144,7 +144,7 @@ class MarkovChain:
         # return values (sentinel = null)
         ret = np.concatenate(ret_all)
         self._ret = _subsample(ev, ret, _MAX_SAMPLES, rng)
-        from tracesynth.guide import mine_kernel_facts  # on use: the guide module imports torch
+        from tracesynth.generators.guide import mine_kernel_facts  # on use: the guide module imports torch
 
         self.kernel = mine_kernel_facts(traces)
         self._build_samplers()
@@ -322,8 +322,13 @@ class MarkovChain:
             raise TraceSynthError("Markov chain: save() before fit()")
         directory = Path(directory)
         with atomic_path(directory, directory=True, contents=self.contents) as tmp:
-            meta = {"kind": "markov", "order": self.order, "vocab": self.vocab, "comms": self.comms,
-                    "kernel": vars(self.kernel) if self.kernel is not None else None}
+            meta = {
+                "kind": "markov",
+                "order": self.order,
+                "vocab": self.vocab,
+                "comms": self.comms,
+                "kernel": vars(self.kernel) if self.kernel is not None else None,
+            }
             save_file(self._arrays(), str(tmp / TABLES))
             meta[HASHES] = file_hashes(tmp, (TABLES,))
             (tmp / "config.json").write_text(json.dumps(meta, indent=1))  # last: it vouches for the tables

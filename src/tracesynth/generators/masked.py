@@ -18,8 +18,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from tracesynth.generators.guide import KernelGuide
 from tracesynth.generators.tokens import CHANNELS, ChannelTransformer, TokenConfig, TokenModel
-from tracesynth.guide import KernelGuide
 
 FORMAT = "tracesynth-masked-1"
 UNMASK = ("random", "confidence", "left")
@@ -85,8 +85,13 @@ class MaskedDiffusion(TokenModel):
         return total / max(count, 1)
 
     @torch.no_grad()
-    def _fill(self, tokens: dict[str, torch.Tensor], known: torch.Tensor, gen: torch.Generator,
-              guide: KernelGuide | None = None) -> None:
+    def _fill(
+        self,
+        tokens: dict[str, torch.Tensor],
+        known: torch.Tensor,
+        gen: torch.Generator,
+        guide: KernelGuide | None = None,
+    ) -> None:
         """Unmask every token not `known` ([b, L] event positions), a share per step, in place."""
         cfg = self.config
         masked = {c: ~known.clone() for c in CHANNELS}

@@ -35,7 +35,7 @@ from tracesynth.bounds import SampleProgress, check_sample_size
 from tracesynth.buckets import log2_bucket
 from tracesynth.channels import CHANNELS_2, CHANNELS_6, OTHER_NEGATIVE, UNKNOWN_EVENT, ChannelCodec
 from tracesynth.errors import TraceSynthError
-from tracesynth.guide import GUIDES, KernelFacts, KernelGuide, mine_kernel_facts
+from tracesynth.generators.guide import GUIDES, KernelFacts, KernelGuide, mine_kernel_facts
 from tracesynth.integrity import HASHES, check_shapes, file_hashes, verify_hashes
 from tracesynth.optim import resolve_device, warmup_cosine
 from tracesynth.trace import Trace
@@ -82,7 +82,8 @@ class TokenConfig:
     def _checks(self) -> dict[str, bool]:
         return {
             "context >= 16": self.context >= 16,
-            "d_model > 0 and divisible by n_heads": self.n_heads > 0 and self.d_model > 0
+            "d_model > 0 and divisible by n_heads": self.n_heads > 0
+            and self.d_model > 0
             and self.d_model % self.n_heads == 0,
             "n_layers > 0": self.n_layers > 0,
             "batch_size > 0": self.batch_size > 0,
@@ -280,8 +281,12 @@ class TokenModel:
     def fit_info(self) -> dict[str, Any]:
         """Optimisation steps done (a time-limited fit stops early), training windows and events seen."""
         h = self.history
-        return {"train_steps": h.get("steps"), "train_windows": h.get("windows"),
-                "train_seconds": h.get("train_seconds"), "train_events_per_s": h.get("train_events_per_s")}
+        return {
+            "train_steps": h.get("steps"),
+            "train_windows": h.get("windows"),
+            "train_seconds": h.get("train_seconds"),
+            "train_events_per_s": h.get("train_events_per_s"),
+        }
 
     # -- data ---------------------------------------------------------------------------------
     @property
@@ -300,8 +305,9 @@ class TokenModel:
     def _workload_of(self, trace: Trace) -> str:
         name = trace.metadata.get("workload")
         if not isinstance(name, str) or not name:
-            raise TraceSynthError(f"{self.config.what}: conditional training needs each trace's workload name "
-                                  "(metadata 'workload')")
+            raise TraceSynthError(
+                f"{self.config.what}: conditional training needs each trace's workload name (metadata 'workload')"
+            )
         return name
 
     def windows(self, traces: Sequence[Trace], stride: int | None = None) -> dict[str, np.ndarray]:
@@ -391,8 +397,10 @@ class TokenModel:
         self.codec = ChannelCodec.fit(traces, CHANNELS, max_tids=cfg.max_tids)
         self.workloads = sorted({self._workload_of(t) for t in traces}) if cfg.conditional else []
         if saved is not None and saved != (self.codec.dumps(), self.workloads):
-            raise TraceSynthError(f"{cfg.what}: cannot resume: these traces' vocabulary differs from the "
-                                  "checkpoint's (resume on the traces it was fitted on)")
+            raise TraceSynthError(
+                f"{cfg.what}: cannot resume: these traces' vocabulary differs from the "
+                "checkpoint's (resume on the traces it was fitted on)"
+            )
         self._fit_gap_table(traces, rng)
         if self.guides:
             self.kernel = mine_kernel_facts(traces)
@@ -417,17 +425,26 @@ class TokenModel:
         if init is not None:
             raise TraceSynthError(f"{self.config.what}: resume continues the checkpoint's network; it takes no init")
         if self._train_state is None or self.model is None:
-            raise TraceSynthError(f"{self.config.what}: no training state to resume from (a model written by fit "
-                                  "with checkpoints has one; start from another model's weights with init)")
+            raise TraceSynthError(
+                f"{self.config.what}: no training state to resume from (a model written by fit "
+                "with checkpoints has one; start from another model's weights with init)"
+            )
         state = self._train_state
         if state["meta"]["step"] >= self.config.steps:
-            raise TraceSynthError(f"{self.config.what}: already trained for {state['meta']['step']} steps; "
-                                  "ask for more steps")
+            raise TraceSynthError(
+                f"{self.config.what}: already trained for {state['meta']['step']} steps; ask for more steps"
+            )
         return state
 
-    def _train(self, data: dict[str, torch.Tensor], opt: torch.optim.Optimizer, rng: np.random.Generator,
-               start: dict[str, Any] | None, progress: Callable[[int, float], None] | None,
-               save: tuple[Path, int] | None) -> None:
+    def _train(
+        self,
+        data: dict[str, torch.Tensor],
+        opt: torch.optim.Optimizer,
+        rng: np.random.Generator,
+        start: dict[str, Any] | None,
+        progress: Callable[[int, float], None] | None,
+        save: tuple[Path, int] | None,
+    ) -> None:
         """The optimisation loop, from step 0 or from the training state `start`; `save`: (directory, every)."""
         cfg = self.config
         dev = next(self.model.parameters()).device
@@ -450,7 +467,7 @@ class TokenModel:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             opt.step()
             step += 1
-            losses = [*losses[-(FINAL_LOSSES - 1):], loss.item()]  # final_loss is their mean
+            losses = [*losses[-(FINAL_LOSSES - 1) :], loss.item()]  # final_loss is their mean
             if save is not None and step % save[1] == 0 and step < cfg.steps:
                 self._snapshot(opt, rng, step, time.perf_counter() - t0, losses, n)
                 self.save(save[0])
@@ -459,8 +476,15 @@ class TokenModel:
         self._snapshot(opt, rng, step, time.perf_counter() - t0, losses, n)
         self.model.eval().cpu()  # sampling draws one event at a time: the CPU's work
 
-    def _snapshot(self, opt: torch.optim.Optimizer, rng: np.random.Generator, step: int, seconds: float,
-                  losses: list[float], windows: int) -> None:
+    def _snapshot(
+        self,
+        opt: torch.optim.Optimizer,
+        rng: np.random.Generator,
+        step: int,
+        seconds: float,
+        losses: list[float],
+        windows: int,
+    ) -> None:
         """Set history and the training state to those after `step`."""
         cfg = self.config
         self.history = {
@@ -472,14 +496,22 @@ class TokenModel:
             "final_loss": float(np.mean(losses)) if losses else None,
         }
         sd = opt.state_dict()
-        tensors = {f"opt.{i}.{k}": torch.as_tensor(v).detach().cpu().clone() for i, st in sd["state"].items()
-                   for k, v in st.items()}
+        tensors = {
+            f"opt.{i}.{k}": torch.as_tensor(v).detach().cpu().clone()
+            for i, st in sd["state"].items()
+            for k, v in st.items()
+        }
         tensors["rng.torch"] = torch.get_rng_state()
         dev = next(self.model.parameters()).device
         if dev.type == "cuda":
             tensors["rng.cuda"] = torch.cuda.get_rng_state(dev)
-        meta = {"step": step, "seconds": seconds, "losses": list(losses), "numpy_rng": rng.bit_generator.state,
-                "param_groups": sd["param_groups"]}
+        meta = {
+            "step": step,
+            "seconds": seconds,
+            "losses": list(losses),
+            "numpy_rng": rng.bit_generator.state,
+            "param_groups": sd["param_groups"],
+        }
         self._train_state = {"meta": meta, "tensors": tensors}
 
     def token_names(self, channel: str) -> list[str]:
@@ -529,14 +561,20 @@ class TokenModel:
         self.model.load_state_dict(out)
 
     # -- sampling -----------------------------------------------------------------------------
-    def sample(self, n_events: int, seed: int = 0, workload: str | None = None, guide: str | None = None,
-               progress: bool = False) -> Trace:
+    def sample(
+        self,
+        n_events: int,
+        seed: int = 0,
+        workload: str | None = None,
+        guide: str | None = None,
+        progress: bool = False,
+    ) -> Trace:
         """A synthetic trace of n_events: `chains` chains of overlapping windows, each cut where the next one's first
         event can follow it (`_seam_ends`), concatenated. `progress` shows a bar (events done, time left) on stderr
         once the sample has run a few seconds; n_events that would not fit in memory is refused before any work.
 
         A conditional model draws `workload` (one it learned; None: chain b draws workload b mod their number).
-        `guide` "kernel" masks each draw with the kernel invariants (`tracesynth.guide`; a generator with
+        `guide` "kernel" masks each draw with the kernel invariants (`tracesynth.generators.guide`; a generator with
         `guides`), "none" samples the network alone; None: the config's `guide` ("none" if it has none).
         """
         if self.model is None:
@@ -568,8 +606,9 @@ class TokenModel:
         meta = {"generator": self.name, "seed": seed, "guide": guide, **({"workload": workload} if workload else {})}
         return codec.decode(windows, metadata=meta)
 
-    def _draw_chains(self, n_events: int, chains: int, workload: str | None, guide: str, gen: torch.Generator,
-                     bar: SampleProgress) -> tuple[dict[str, np.ndarray], KernelGuide | None]:
+    def _draw_chains(
+        self, n_events: int, chains: int, workload: str | None, guide: str, gen: torch.Generator, bar: SampleProgress
+    ) -> tuple[dict[str, np.ndarray], KernelGuide | None]:
         """Each chain's tokens [chains, per chain] (tid: labels unique across chains), drawn window after window,
         each conditioned on the last `overlap` events of the one before; and the guide that masked the draws."""
         cfg = self.config
@@ -600,8 +639,9 @@ class TokenModel:
             if w + 1 < n_windows and K:
                 # the next window starts with this one's last K events, relabelled in first-seen order
                 tail = {c: tokens[c][:, L - K :].clone() for c in CHANNELS}
-                tail["tid"] = torch.from_numpy(self.codec.relabel_tids(np.where(glob[:, L - K :] > 0,
-                                                                                 glob[:, L - K :], -1)))
+                tail["tid"] = torch.from_numpy(
+                    self.codec.relabel_tids(np.where(glob[:, L - K :] > 0, glob[:, L - K :], -1))
+                )
                 for c in CHANNELS:
                     tokens[c] = torch.cat([tail[c], torch.zeros(chains, L - K, dtype=torch.long)], dim=1)
                 known = torch.zeros(chains, L, dtype=torch.bool)
@@ -624,7 +664,11 @@ class TokenModel:
         return max(1, min(self.config.chains, math.ceil(n_events / self.config.context)))
 
     def _draw(
-        self, logits: torch.Tensor, c: str, gen: torch.Generator, allowed: torch.Tensor | None = None,
+        self,
+        logits: torch.Tensor,
+        c: str,
+        gen: torch.Generator,
+        allowed: torch.Tensor | None = None,
         instead: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A token of channel c from softmax(logits / temperature) over tokens seen in training (and
@@ -658,8 +702,13 @@ class TokenModel:
         if self.model is None:
             raise TraceSynthError(f"{self.config.what}: save() before fit()")
         directory = Path(directory)
-        meta = {"format": self.format, "config": asdict(self.config), "workloads": self.workloads,
-                "kernel": asdict(self.kernel), "history": self.history}
+        meta = {
+            "format": self.format,
+            "config": asdict(self.config),
+            "workloads": self.workloads,
+            "kernel": asdict(self.kernel),
+            "history": self.history,
+        }
         tensors = {f"gap_{k}": torch.from_numpy(v) for k, v in self.gap_table.items()}
         tensors.update({f"seen_{c}": v for c, v in self.seen.items()})
         weights = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
@@ -739,8 +788,9 @@ class TokenModel:
             want["rng.cuda"] = tuple(tensors["rng.cuda"].shape)
         if any(k.startswith("opt.") for k in tensors):
             for i, p in enumerate(self.model.parameters()):
-                want.update({f"opt.{i}.exp_avg": tuple(p.shape), f"opt.{i}.exp_avg_sq": tuple(p.shape),
-                             f"opt.{i}.step": ()})
+                want.update(
+                    {f"opt.{i}.exp_avg": tuple(p.shape), f"opt.{i}.exp_avg_sq": tuple(p.shape), f"opt.{i}.step": ()}
+                )
         check_shapes(path, tensors, want)
         np.random.default_rng().bit_generator.state = meta["numpy_rng"]  # a bad state fails here, not on resume
         self._train_state = {"meta": meta, "tensors": tensors}

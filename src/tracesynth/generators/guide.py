@@ -208,8 +208,13 @@ class KernelGuide:
                     need, who, comm = on & (carry > 0) & ~closes[at], tid[at], comms[at]
                 cpus = np.flatnonzero(need)
                 add = {c: np.zeros(len(cpus), np.int64) for c in ch}
-                add.update(event=np.full(len(cpus), self.ev.switch), cpu=cpus, tid=who[cpus], comm=comm[cpus],
-                           dt=ch["dt"][first[cpus]])  # the gap bucket of the event it precedes (0 broke dt.event)
+                add.update(
+                    event=np.full(len(cpus), self.ev.switch),
+                    cpu=cpus,
+                    tid=who[cpus],
+                    comm=comm[cpus],
+                    dt=ch["dt"][first[cpus]],
+                )  # the gap bucket of the event it precedes (0 broke dt.event)
                 joined = {c: np.insert(v, first[cpus], add[c]) for c, v in ch.items()}
             for c, v in joined.items():
                 parts[c].append(v)
