@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dooly.engines import get_engine
+from dooly.api import profile_models
+from dooly.engines import Engine, get_engine
 from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
 from dooly.profiler import calibrate, default_clock, make_plan, profiled_savings, run_plan, savings
 from dooly.store import ProfileStore
@@ -65,8 +65,12 @@ def point_counts(plan) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-
     """(signatures each alone, signatures with reuse, grid points each alone, grid points with reuse)."""
     per_model = [{k for needs in mp.needs.values() for k in needs} for mp in plan.models]
     union = set().union(*per_model)
-    return (sum(map(len, per_model)), len(union), sum(plan.grid_size[k] for m in per_model for k in m),
-            sum(plan.grid_size[k] for k in union))  # fmt: skip
+    return (
+        sum(map(len, per_model)),
+        len(union),
+        sum(plan.grid_size[k] for m in per_model for k in m),
+        sum(plan.grid_size[k] for k in union),
+    )
 
 
 def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[float] = ()) -> None:  # type: ignore[no-untyped-def]
@@ -85,22 +89,28 @@ def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[fl
         sv = savings(plan, store)
         tr = triage(plan, store)
         print(f"{label} ({', '.join(models)}):")
-        print(f"  counts (tracing only, no timing): signatures {alone_n} each alone vs {with_n} with reuse "
-              f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
-              f"({100 * (1 - with_p / alone_p):.1f}% saved)")  # fmt: skip
+        print(
+            f"  counts (tracing only, no timing): signatures {alone_n} each alone vs {with_n} with reuse "
+            f"({100 * (1 - with_n / alone_n):.1f}% saved); grid points {alone_p} vs {with_p} "
+            f"({100 * (1 - with_p / alone_p):.1f}% saved)"
+        )
         print(f"  device-s, exact reuse: {sv.describe()}")
         for policy in ("check", "none"):  # the calibration each new model takes (default: all)
             cal = savings(plan, store, calibration=policy)
-            print(f"  device-s, exact reuse, --calibrate {policy}: {cal.saved_pct:.1f}% saved with calibration counted "
-                  f"({cal.with_reuse_s:.1f} vs {cal.without_reuse_s:.1f}), {cal.saved_pct_uncalibrated:.1f}% without")
+            print(
+                f"  device-s, exact reuse, --calibrate {policy}: {cal.saved_pct:.1f}% saved with calibration counted "
+                f"({cal.with_reuse_s:.1f} vs {cal.without_reuse_s:.1f}), {cal.saved_pct_uncalibrated:.1f}% without"
+            )
         caps = [(f"--budget {b}/model", tr.least_certain(b * len(plan.models))) for b in budgets]
         caps += [(f"--budget-seconds {s:g}", tr.within_seconds(s)) for s in budget_s]
         for flag, chosen in caps:
             predicted = set(tr.covered) - set(chosen)
             shape_p = with_p - sum(plan.grid_size[k] for k in predicted)
-            print(f"  + shape model, {flag}: {shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% "
-                  f"saved); device-s {savings(plan, store, predicted).describe()}; {len(tr.uncovered)} signatures "
-                  f"of kinds never profiled here measured")  # fmt: skip
+            print(
+                f"  + shape model, {flag}: {shape_p} points ({100 * (1 - shape_p / alone_p):.1f}% "
+                f"saved); device-s {savings(plan, store, predicted).describe()}; {len(tr.uncovered)} signatures "
+                f"of kinds never profiled here measured"
+            )
 
 
 def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -110,13 +120,62 @@ def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return {ph: phase_mape(scored, ph) for ph in ("prefill", "decode")}
 
 
-def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str], budgets: list[int],  # type: ignore[no-untyped-def]
-           profile_outside: bool = False, outside: list[str] | None = None, budget_s: list[float] = ()) -> None:
-    """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
+def shape_predictors(  # type: ignore[no-untyped-def]
+    store_path: str, engine: Engine, threads: int, model, name: str, cfg: dict, budgets: list[int], budget_s
+) -> dict[str, Predictor]:
+    """`shapes`' predictors of one model by label: exact, zero new points, and each budget replayed; for a model
+    with kinds never profiled here, those kinds are measured (--budget 0) and the rest predicted from shape."""
     from dooly.errors import DoolyError
     from dooly.predictor import own_signatures
     from dooly.profiler import context_for, model_traces
     from dooly.profiler.budget import triage
+
+    preds: dict[str, Predictor] = {}
+    for label, kw in (("exact", {}), ("zero new points", {"holdout": True})):
+        try:
+            preds[label] = Predictor.for_model(model, store_path, engine, threads=threads, **kw)
+        except DoolyError as exc:
+            print(f"  {name}: no {label} figure: {exc}")
+    if "exact" in preds:  # replay --budget: only the least certain of its own signatures measured
+        with ProfileStore(store_path, readonly=True) as store:
+            ctx = context_for(engine, threads)
+            own = own_signatures(store, ctx, name, model_traces(name, cfg, engine, store))
+            plan = make_plan([model], store, engine, threads=threads)
+            tr = triage(plan, store, hidden=own)
+        caps = [(f"budget {b}", tr.least_certain(b)) for b in budgets]
+        caps += [(f"budget {s:g} device-s", tr.within_seconds(s)) for s in budget_s]
+        for label, chosen in caps:
+            preds[label] = Predictor.for_model(
+                model, store_path, engine, threads=threads, unmeasured=set(tr.covered) - set(chosen)
+            )
+    if not preds:  # kinds never profiled here: measure only those (--budget 0), predict the rest from shape
+        with ProfileStore(store_path) as store:
+            plan = make_plan([model], store, engine, threads=threads)
+            tr = triage(plan, store)
+            plan = plan.without(set(tr.covered))
+            print(
+                f"  {name}: measuring {len(tr.uncovered)} signatures of uncovered kinds "
+                f"({plan.todo_points} points), {len(tr.covered)} from shape"
+            )
+            run_plan(plan, store, engine, threads=threads)
+        label = "budget 0 (uncovered kinds measured)"
+        preds[label] = Predictor.for_model(model, store_path, engine, threads=threads, shape=True)
+    return preds
+
+
+def shapes(
+    store_path: str,
+    engine: Engine,
+    threads: int,
+    repeats: int,
+    models: list[str],
+    budgets: list[int],
+    profile_outside: bool = False,
+    outside: list[str] | None = None,
+    budget_s: list[float] = (),
+) -> None:
+    """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
+    from dooly.profiler import context_for
     from dooly.shape_model import ShapeModel, signatures_of
 
     with ProfileStore(store_path, readonly=True) as store:
@@ -124,8 +183,10 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
         pts = {k: [(p, m.median_s) for p, m in v] for k, v in store.all_points(ctx).items()}
         sm = ShapeModel.fit(signatures_of(store, ctx, pts), pts)
     loso = [km.loso_mape for km in sm.kinds.values() if km.n_signatures > 1]
-    print(f"SHAPE MODEL on {len(pts)} profiled signatures: {len(sm.kinds)} kinds; leave-one-signature-out error "
-          f"per kind median {np.median(loso):.1f}% (max {np.max(loso):.1f}%)")  # fmt: skip
+    print(
+        f"SHAPE MODEL on {len(pts)} profiled signatures: {len(sm.kinds)} kinds; leave-one-signature-out error "
+        f"per kind median {np.median(loso):.1f}% (max {np.max(loso):.1f}%)"
+    )
     configs = [cfg for stem, cfg in OUTSIDE.items() if outside is None or stem in outside]
     targets = [(m, resolve_model(m)[1]) for m in models] + [(None, cfg) for cfg in configs]
     if profile_outside:  # profiled like any model, so their exact figure stands beside the zero-new-points one
@@ -136,33 +197,7 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
                 calibrate(cfg["_name_or_path"], cfg, store, engine, plan.ctx, threads=threads)
     for m, cfg in targets:
         name = m or cfg["_name_or_path"]
-        preds: dict[str, Predictor] = {}
-        for label, kw in (("exact", {}), ("zero new points", {"holdout": True})):
-            try:
-                preds[label] = Predictor.for_model(m or cfg, store_path, engine, threads=threads, **kw)
-            except DoolyError as exc:
-                print(f"  {name}: no {label} figure: {exc}")
-        if "exact" in preds:  # replay --budget: only the least certain of its own signatures measured
-            with ProfileStore(store_path, readonly=True) as store:
-                ctx = context_for(engine, threads)
-                own = own_signatures(store, ctx, name, model_traces(name, cfg, engine, store))
-                plan = make_plan([m or cfg], store, engine, threads=threads)
-                tr = triage(plan, store, hidden=own)
-            caps = [(f"budget {b}", tr.least_certain(b)) for b in budgets]
-            caps += [(f"budget {s:g} device-s", tr.within_seconds(s)) for s in budget_s]
-            for label, chosen in caps:
-                preds[label] = Predictor.for_model(m or cfg, store_path, engine, threads=threads,
-                                                   unmeasured=set(tr.covered) - set(chosen))  # fmt: skip
-        if not preds:  # kinds never profiled here: measure only those (--budget 0), predict the rest from shape
-            with ProfileStore(store_path) as store:
-                plan = make_plan([m or cfg], store, engine, threads=threads)
-                tr = triage(plan, store)
-                plan = plan.without(set(tr.covered))
-                print(f"  {name}: measuring {len(tr.uncovered)} signatures of uncovered kinds "
-                      f"({plan.todo_points} points), {len(tr.covered)} from shape")  # fmt: skip
-                run_plan(plan, store, engine, threads=threads)
-            label = "budget 0 (uncovered kinds measured)"
-            preds[label] = Predictor.for_model(m or cfg, store_path, engine, threads=threads, shape=True)
+        preds = shape_predictors(store_path, engine, threads, m or cfg, name, cfg, budgets, budget_s)
         first = next(iter(preds.values()))
         with ProfileStore(store_path) as store:  # held-out measurements are kept: a rerun re-scores them
             rows = validate_model(first, cfg, engine, threads=threads, repeats=repeats, store=store)
@@ -172,13 +207,52 @@ def shapes(store_path: str, engine, threads: int, repeats: int, models: list[str
             n_shape = sum(len(f) for f in p.shape_predicted.values())
             n_all = sum(len(tr.unique()) for tr in p.traces.values())
             share = np.mean([p.shape_share(r.phase, r.values)[0] for r in rows])
-            parts.append(f"{label}: prefill {mape['prefill']:.1f}% decode {mape['decode']:.1f}% "
-                         f"({n_shape}/{n_all} signatures, {100 * share:.0f}% of op time from shape)")  # fmt: skip
-        print(f"SHAPES {name}: " + "; ".join(parts) + f"; noise floor prefill {round_spread(rows, 'prefill'):.1f}% "
-              f"decode {round_spread(rows, 'decode'):.1f}%", flush=True)  # fmt: skip
+            parts.append(
+                f"{label}: prefill {mape['prefill']:.1f}% decode {mape['decode']:.1f}% "
+                f"({n_shape}/{n_all} signatures, {100 * share:.0f}% of op time from shape)"
+            )
+        print(
+            f"SHAPES {name}: " + "; ".join(parts) + f"; noise floor prefill {round_spread(rows, 'prefill'):.1f}% "
+            f"decode {round_spread(rows, 'decode'):.1f}%",
+            flush=True,
+        )
 
 
-def main() -> None:
+def profile(args: argparse.Namespace) -> None:
+    """Profile and calibrate --models as `dooly profile --calibrate all` does, then print the onboarding cost
+    with vs without reuse and the predictor methods' held-out grid-line error."""
+    run = profile_models(args.models, Path(args.db), threads=args.threads)
+    plan = run.plan
+    print(
+        f"traced/planned in {run.plan_s:.1f} s: {len(plan.grid_size)} unique signatures, "
+        f"{len(plan.in_db)} already in the DB, {plan.todo_points} points to time"
+    )
+    print(f"profiled: {run.stats}")
+    print(f"calibration forwards this run: {run.calib_s:.1f} s")
+    sv = run.savings  # the run is over: each model's calibration as recorded
+    for r in sv.models:
+        parts = f"trace {r.trace_s:.1f}, profile {r.profile_alone_s:.1f}/{r.profile_s:.1f}, calibrate "
+        parts += f"{r.calib_alone_s:.1f}/{r.calib_s:.1f}"
+        print(
+            f"  {r.name:16s} sigs {r.signatures:4d} new {r.new:4d} reused(list) {r.reused_models:4d} "
+            f"alone {r.alone_s:7.1f} s  with reuse {r.marginal_s:7.1f} s ({parts})"
+        )
+    print(f"ONBOARDING COST ({', '.join(args.models)}): {sv.describe()}")
+    print(f"SAVED: {sv.saved_pct:.1f}% with calibration counted, {sv.saved_pct_uncalibrated:.1f}% without")
+    with ProfileStore(args.db, readonly=True) as store:
+        for ctx, db_sv in profiled_savings(store).items():  # what `dooly report` headlines for this DB
+            if ctx == plan.ctx:
+                print(f"ONBOARDING COST (every model profiled into {args.db}): {db_sv.describe()}")
+        raw = store.all_points(plan.ctx)
+    pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
+    errs = method_errors(pts, sample=60)
+    print(
+        f"HELD-OUT GRID-LINE MAPE: interp {100 * np.mean(errs['interp']):.1f}%  "
+        f"forest {100 * np.mean(errs['forest']):.1f}%  (n={len(errs['interp'])})"
+    )
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="/tmp/dooly_bench.db")
     ap.add_argument("--models", nargs="+", default=SMALL)
@@ -190,15 +264,77 @@ def main() -> None:
     ap.add_argument("--no-reused", action="store_true", help="skip the never-profiled model's validation")
     ap.add_argument("--realistic", action="store_true", help="savings over the realistic groups and the zoo")
     ap.add_argument("--shapes", action="store_true", help="exact vs zero-new-points vs budget MAPE, OUTSIDE configs")
-    ap.add_argument("--budget", type=int, nargs="+", default=[10],
-                    help="signatures measured per model beyond uncovered kinds (several: one figure each)")
-    ap.add_argument("--budget-seconds", type=float, nargs="*", default=[],
-                    help="device-seconds caps (the whole list with --realistic, each model with --shapes)")
+    ap.add_argument(
+        "--budget",
+        type=int,
+        nargs="+",
+        default=[10],
+        help="signatures measured per model beyond uncovered kinds (several: one figure each)",
+    )
+    ap.add_argument(
+        "--budget-seconds",
+        type=float,
+        nargs="*",
+        default=[],
+        help="device-seconds caps (the whole list with --realistic, each model with --shapes)",
+    )
     ap.add_argument("--no-profile", action="store_true", help="do not profile --models first (use the DB as it is)")
     ap.add_argument("--profile-outside", action="store_true", help="with --shapes: profile the OUTSIDE configs too")
-    ap.add_argument("--outside", nargs="*", default=None, choices=sorted(OUTSIDE),
-                    help="with --shapes: only these configs of bench/configs (none: only the zoo models)")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--outside",
+        nargs="*",
+        default=None,
+        choices=sorted(OUTSIDE),
+        help="with --shapes: only these configs of bench/configs (none: only the zoo models)",
+    )
+    return ap.parse_args()
+
+
+def validate(args: argparse.Namespace, engine: Engine) -> None:
+    """Held-out MAPE per phase of every --validate model, and of a model never profiled (unless --no-reused)."""
+    results = {}
+    chosen = args.models if args.validate is None else args.validate
+    targets = [(m, resolve_model(m)[1]) for m in chosen]
+    if not args.no_reused:
+        targets.append((None, reused_only_config()))
+    for m, cfg in targets:
+        name = m or cfg["_name_or_path"]
+        pred = Predictor.for_model(m or cfg, args.db, engine, threads=args.threads)
+        with ProfileStore(args.db) as store:  # held-out measurements are kept: a rerun re-scores them
+            rows = validate_model(pred, cfg, engine, threads=args.threads, repeats=args.repeats, store=store)
+        results[name] = {ph: phase_mape(rows, ph) for ph in ("prefill", "decode")}
+        for r in rows:
+            rounds = "/".join(f"{x * 1e3:.1f}" for x in r.rounds_s)
+            print(
+                f"  {name:16s} {r.phase:7s} {json.dumps(r.values):32s} measured {r.measured_s * 1e3:8.2f} ms "
+                f"(rounds {rounds})  predicted {r.predicted_s * 1e3:8.2f} ms  err {r.error * 100:5.1f}%",
+                flush=True,
+            )
+        print(
+            f"VALIDATION {name}: MAPE prefill {results[name]['prefill']:.1f}%  "
+            f"decode {results[name]['decode']:.1f}%  (method {pred.method}); run-to-run spread of the "
+            f"measurements prefill {round_spread(rows, 'prefill'):.1f}%  "
+            f"decode {round_spread(rows, 'decode'):.1f}%",
+            flush=True,
+        )
+
+
+def run_shapes(args: argparse.Namespace, engine: Engine) -> None:
+    shapes(
+        args.db,
+        engine,
+        args.threads,
+        args.repeats,
+        args.models if args.validate is None else args.validate,
+        args.budget,
+        args.profile_outside,
+        args.outside,
+        args.budget_seconds,
+    )
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     engine = get_engine()
     print(f"clock: {default_clock('cpu', args.threads)}; threads {args.threads}; db {args.db}")
@@ -208,68 +344,19 @@ def main() -> None:
             if args.realistic:
                 realistic(store, engine, args.threads, args.budget, args.budget_seconds)
         if args.shapes:
-            shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
-                   args.budget, args.profile_outside, args.outside, args.budget_seconds)
+            run_shapes(args, engine)
         return
 
-    with ProfileStore(args.db) as store:
-        t0 = time.perf_counter()
-        plan = make_plan(args.models, store, engine, threads=args.threads, progress=print)
-        print(f"traced/planned in {time.perf_counter() - t0:.1f} s: {len(plan.grid_size)} unique signatures, "
-              f"{len(plan.in_db)} already in the DB, {plan.todo_points} points to time")  # fmt: skip
-        stats = run_plan(plan, store, engine, threads=args.threads)
-        print(f"profiled: {stats}")
-        calib = 0.0
-        for m in args.models:
-            name, cfg = resolve_model(m)
-            calib += calibrate(name, cfg, store, engine, plan.ctx, threads=args.threads)
-        print(f"calibration forwards this run: {calib:.1f} s")
-        sv = savings(plan, store, calibration=None)  # the run is over: each model's calibration as recorded
-        for r in sv.models:
-            parts = f"trace {r.trace_s:.1f}, profile {r.profile_alone_s:.1f}/{r.profile_s:.1f}, calibrate "
-            parts += f"{r.calib_alone_s:.1f}/{r.calib_s:.1f}"
-            print(f"  {r.name:16s} sigs {r.signatures:4d} new {r.new:4d} reused(list) {r.reused_models:4d} "
-                  f"alone {r.alone_s:7.1f} s  with reuse {r.marginal_s:7.1f} s ({parts})")  # fmt: skip
-        print(f"ONBOARDING COST ({', '.join(args.models)}): {sv.describe()}")
-        print(f"SAVED: {sv.saved_pct:.1f}% with calibration counted, {sv.saved_pct_uncalibrated:.1f}% without")
-        for ctx, db_sv in profiled_savings(store).items():  # what `dooly report` headlines for this DB
-            if ctx == plan.ctx:
-                print(f"ONBOARDING COST (every model profiled into {args.db}): {db_sv.describe()}")
-        raw = store.all_points(plan.ctx)
-        pts = {k: [(p, m.median_s) for p, m in v] for k, v in raw.items()}
-        errs = method_errors(pts, sample=60)
-        print(f"HELD-OUT GRID-LINE MAPE: interp {100 * np.mean(errs['interp']):.1f}%  "
-              f"forest {100 * np.mean(errs['forest']):.1f}%  (n={len(errs['interp'])})")  # fmt: skip
+    profile(args)
 
     if not args.skip_validate:
-        results = {}
-        chosen = args.models if args.validate is None else args.validate
-        targets = [(m, resolve_model(m)[1]) for m in chosen]
-        if not args.no_reused:
-            targets.append((None, reused_only_config()))
-        for m, cfg in targets:
-            name = m or cfg["_name_or_path"]
-            pred = Predictor.for_model(m or cfg, args.db, engine, threads=args.threads)
-            with ProfileStore(args.db) as store:  # held-out measurements are kept: a rerun re-scores them
-                rows = validate_model(pred, cfg, engine, threads=args.threads, repeats=args.repeats, store=store)
-            results[name] = {ph: phase_mape(rows, ph) for ph in ("prefill", "decode")}
-            for r in rows:
-                rounds = "/".join(f"{x * 1e3:.1f}" for x in r.rounds_s)
-                print(f"  {name:16s} {r.phase:7s} {json.dumps(r.values):32s} measured {r.measured_s * 1e3:8.2f} ms "
-                      f"(rounds {rounds})  predicted {r.predicted_s * 1e3:8.2f} ms  err {r.error * 100:5.1f}%",
-                      flush=True)  # fmt: skip
-            print(f"VALIDATION {name}: MAPE prefill {results[name]['prefill']:.1f}%  "
-                  f"decode {results[name]['decode']:.1f}%  (method {pred.method}); run-to-run spread of the "
-                  f"measurements prefill {round_spread(rows, 'prefill'):.1f}%  "
-                  f"decode {round_spread(rows, 'decode'):.1f}%",
-                  flush=True)  # fmt: skip
+        validate(args, engine)
 
     if args.realistic:
         with ProfileStore(args.db) as store:
             realistic(store, engine, args.threads, args.budget, args.budget_seconds)
     if args.shapes:
-        shapes(args.db, engine, args.threads, args.repeats, args.models if args.validate is None else args.validate,
-               args.budget, args.profile_outside, args.outside, args.budget_seconds)
+        run_shapes(args, engine)
 
     if args.zoo:
         from dooly.zoo import list_models

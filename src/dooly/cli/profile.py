@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -112,61 +114,22 @@ class _Steps:
         err.print(f"{line} ({what})", highlight=False, soft_wrap=True)
 
 
-def _setup(device: str, dtype: str, threads: int | None, engine: str = DEFAULT_ENGINE):  # type: ignore[no-untyped-def]
-    from dooly.engines import get_engine
-    from dooly.profiler import default_threads
-
-    return get_engine(engine, device=device, dtype=dtype), threads if threads is not None else default_threads()
-
-
-def _grid(name: str):  # type: ignore[no-untyped-def]
-    from dooly.errors import DoolyError
-    from dooly.profiler import GridSpec
-
-    if name == "default":
-        return GridSpec()
-    if name == "tiny":
-        return GridSpec.tiny()
-    raise DoolyError(f"unknown grid {name!r} (default or tiny)")
-
-
-def _labelable(models: list[str], store, engine) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
-    """The models that resolve and trace (their traces land in the store's cache, so planning does not trace
-    again), and one line for each that does not: one bad model must not cost the others their plan."""
-    from dooly.errors import DoolyError
-    from dooly.profiler import model_traces
-    from dooly.zoo import resolve_model
-
-    ok, failed = [], []
-    for m in models:
-        try:
-            name, cfg = resolve_model(m)
-            err.print(f"tracing {name}")
-            model_traces(name, cfg, engine, store)
-        except DoolyError as exc:
-            failed.append(f"{m}: {exc}")
-        else:
-            ok.append(m)
-    for line in failed:
-        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
-    return ok, failed
-
-
 def _fail_if(failed: list[str]) -> None:
     if failed:
         err.print(f"{len(failed)} of the models given could not be traced (see above); exit status 1")
         raise typer.Exit(1)
 
 
+def _log(line: str) -> None:
+    err.print(line, highlight=False, soft_wrap=True)
+
+
 _SAVINGS_COLS = ("model", "signatures", "new", "reused (list)", "reused (DB)", "trace s", "profile alone s")
 _SAVINGS_COLS += ("profile s", "calibrate alone s", "calibrate s", "alone s", "with reuse s")
 
 
-def _print_savings(plan, store, predicted=(), calibration: str | None = "all") -> None:  # type: ignore[no-untyped-def]
-    """The plan's onboarding cost per model (``calibration``: the policy of the run to come; None once it ran)."""
-    from dooly.profiler import savings
-
-    sv = savings(plan, store, predicted, calibration)
+def _print_savings(plan, sv) -> None:  # type: ignore[no-untyped-def]
+    """The plan's onboarding cost per model (``sv``: :func:`dooly.profiler.savings` of the plan)."""
     t = Table(title=f"onboarding plan ({plan.ctx.hardware}, {plan.ctx.engine}, {plan.ctx.dtype})")
     for col in _SAVINGS_COLS:
         t.add_column(col, justify="right" if col != "model" else "left")
@@ -183,56 +146,6 @@ def _print_savings(plan, store, predicted=(), calibration: str | None = "all") -
     )
 
 
-def _triage(plan, store, budget: int | None, budget_s: float | None = None):  # type: ignore[no-untyped-def]
-    """Print what the plan reuses exactly, what it can predict from shape alone and what it must measure;
-    return the signatures left to the shape model under ``budget`` (a count) or ``budget_s`` (device seconds;
-    none without either)."""
-    import numpy as np
-
-    from dooly.errors import DoolyError
-    from dooly.profiler.budget import triage
-
-    if budget is not None and budget_s is not None:
-        raise DoolyError("give --budget (signatures) or --budget-seconds (device time), not both")
-    tr = triage(plan, store)
-    measure = tr.least_certain(budget) if budget_s is None else tr.within_seconds(budget_s)
-    predicted = set(tr.covered) - set(measure)
-    new = len(tr.covered) + len(tr.uncovered)
-    shared = len(plan.grid_size) - len(plan.in_db) - new
-    unc = sorted(tr.rel_uncertainty.values())
-    med = f" (median interval ±{100 * float(np.median(unc)):.0f}%)" if unc else ""
-    out.print(
-        f"signatures: {len(plan.grid_size)} unique over the list; {len(tr.reused)} reused exactly from "
-        f"the DB; {new} new: {len(tr.covered)} predictable from shape alone{med}, {len(tr.uncovered)} of "
-        f"kinds never profiled here (must be measured)"
-    )
-    if shared:
-        out.print(f"  ({shared} of the new signatures are shared by several models of the list: measured once)")
-    if budget is not None or budget_s is not None:
-        flag = f"--budget {budget}" if budget_s is None else f"--budget-seconds {budget_s:g}"
-        spent = tr.uncovered_s + sum(tr.cost_s.get(k, 0.0) for k in measure)
-        out.print(
-            f"{flag}: measure {len(tr.uncovered) + len(measure)} signatures "
-            f"({len(tr.uncovered)} uncovered + {len(measure)} least certain; about {spent:.1f} device-s "
-            f"predicted), predict {len(predicted)} from shape"
-        )
-        if budget_s is not None and tr.uncovered_s > budget_s:
-            out.print(
-                f"  the uncovered signatures alone are predicted to take {tr.uncovered_s:.1f} device-s, "
-                f"more than --budget-seconds {budget_s:g}: they are measured anyway"
-            )
-    return predicted
-
-
-def _policy(name: str) -> str:
-    from dooly.errors import DoolyError
-    from dooly.profiler.calibrate import CALIBRATION_POLICIES
-
-    if name not in CALIBRATION_POLICIES:
-        raise DoolyError(f"unknown --calibrate {name!r} ({', '.join(CALIBRATION_POLICIES)})")
-    return name
-
-
 def _print_calibration(models: list[str], store, ctx, policy: str) -> None:  # type: ignore[no-untyped-def]
     """One line per model: the calibration it will take under ``policy``, and why."""
     from dooly.profiler.calibrate import calibration_needs
@@ -242,29 +155,6 @@ def _print_calibration(models: list[str], store, ctx, policy: str) -> None:  # t
     out.print(f"calibration (--calibrate {policy}):")
     for name, line in needs.items():
         out.print(f"  {name}: {line}", highlight=False, soft_wrap=True)
-
-
-def _calibrate_all(models: list[str], policy: str, db: Path, store, engine, ctx, threads) -> float:  # type: ignore[no-untyped-def]
-    """Calibrate ``models`` in order under ``policy``; returns the device seconds of their forwards."""
-    from dooly.api import check_calibration
-    from dooly.profiler import calibrate
-    from dooly.profiler.calibrate import CHECK_SUFFIX, calibrated_models
-    from dooly.zoo import resolve_model
-
-    spent = 0.0
-    for m in models if policy != "none" else ():
-        name, cfg = resolve_model(m)
-        if policy == "check" and name not in calibrated_models(store, ctx):  # one begun resumes in full
-            passed, why = check_calibration(m, db, store, engine, threads)
-            spent += sum(f.cost_s for *_, f in store.forwards(ctx, name + CHECK_SUFFIX))
-            verdict = "passed: no calibration of its own" if passed else "missed: full calibration"
-            err.print(f"calibration check on {name} {verdict} ({why})", highlight=False, soft_wrap=True)
-            if passed:
-                continue
-        err.print(f"calibrating framework overhead on {name}")
-        with _Steps(f"calibrating {name}") as steps:
-            spent += calibrate(name, cfg, store, engine, ctx, threads=threads, on_step=steps)
-    return spent
 
 
 @app.command("plan")
@@ -282,19 +172,22 @@ def plan_cmd(
 ) -> None:
     """Print what profiling MODELS would measure, what it reuses exactly, what it can predict from shape
     alone, what calibration each model needs, and the onboarding cost with vs without reuse."""
+    from dooly.api import budget_triage, calibration_policy, grid_spec, profiling_engine, traceable_models
     from dooly.profiler import make_plan, savings
     from dooly.store import ProfileStore
 
-    _policy(calibration)
-    engine, threads = _setup(device, dtype, threads, engine_name)
-    grid_spec = _grid(grid)
+    calibration_policy(calibration)
+    engine, threads = profiling_engine(engine_name, device, dtype, threads)
+    grid_obj = grid_spec(grid)
     with ProfileStore(db, readonly=True) as store:  # planning writes nothing (traces are cached in memory)
-        ok, failed = _labelable(models, store, engine)
+        ok, failed = traceable_models(models, store, engine, _log)
         if ok:
-            plan = make_plan(ok, store, engine, grid_spec, threads)
-            _print_savings(plan, store, calibration=calibration)
+            plan = make_plan(ok, store, engine, grid_obj, threads)
+            _print_savings(plan, savings(plan, store, calibration=calibration))
             _print_calibration(ok, store, plan.ctx, calibration)
-            predicted = _triage(plan, store, budget, budget_s)
+            predicted, lines = budget_triage(plan, store, budget, budget_s)
+            for line in lines:
+                out.print(line)
             if predicted:
                 flag = f"--budget {budget}" if budget_s is None else f"--budget-seconds {budget_s:g}"
                 left = plan.without(predicted)
@@ -302,6 +195,15 @@ def plan_cmd(
                 sv = savings(plan, store, predicted, calibration)
                 out.print(f"onboarding cost with {flag}: {sv.describe()}")
     _fail_if(failed)
+
+
+@contextmanager
+def _points_bar(title: str, total: int) -> Iterator[Callable[[int], None]]:
+    """`profile`'s bar over the points to time."""
+    columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(TextColumn("[bold]{task.description}"), *columns, console=err) as bar:
+        task = bar.add_task(title, total=total)
+        yield lambda n: bar.advance(task, n)
 
 
 @app.command("profile")
@@ -320,66 +222,31 @@ def profile_cmd(
     budget_s: float | None = _BUDGET_S,
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
-    from dooly.errors import DoolyError
-    from dooly.profiler import make_plan, run_plan
-    from dooly.store import ProfileStore
-    from dooly.zoo import resolve_model
+    from dooly.api import NothingToProfile, ProfileHooks, profile_models
 
-    engine, threads = _setup(device, dtype, threads, engine_name)
-    grid_spec = _grid(grid)
-    policy = "none" if no_calibrate else _policy(calibration)
-    if policy != "none":  # calibration runs the whole model: refuse one too large now, not after the profiling
-        for m in models:
-            name, cfg = resolve_model(m)
-            try:
-                engine.check_weights_fit(cfg, name=name)
-            except DoolyError as exc:
-                raise DoolyError(f"{exc} (`--no-calibrate` profiles its operators alone)") from None
-    with ProfileStore(db) as store:
-        models, failed = _labelable(models, store, engine)
-        if not models:
-            _fail_if(failed)  # inside the store: a DB this run created, with nothing measured, is removed
-        plan = make_plan(models, store, engine, grid_spec, threads)
-        predicted: set[str] = set()
-        if budget is not None or budget_s is not None:
-            predicted = _triage(plan, store, budget, budget_s)
-            plan = plan.without(predicted)
-        total_sigs, in_db = len(plan.grid_size), len(plan.in_db)
-        err.print(
-            f"{total_sigs} unique signatures; {in_db} skipped as already in the DB; "
-            f"{len(plan.jobs)} jobs, {plan.todo_points} points to time"
-        )
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-        ) as bar:
-            task = bar.add_task(f"profiling ({in_db} known, skipped)", total=plan.todo_points)
-            stats = run_plan(
-                plan,
-                store,
-                engine,
-                threads=threads,
-                ray_address=ray_address,
-                on_job=lambda job, _s: bar.advance(task, len(job.items)),
-            )
-        calib = _calibrate_all(models, policy, db, store, engine, plan.ctx, threads)
-        for f in stats["failures"][:10]:
-            err.print(f"[yellow]could not time[/] {f}")
+    hooks = ProfileHooks(log=_log, report=out.print, bar=_points_bar, steps=_Steps)
+    kw = {"engine": engine_name, "device": device, "dtype": dtype, "threads": threads, "grid": grid}
+    kw |= {"calibration": "none" if no_calibrate else calibration, "budget": budget, "budget_s": budget_s}
+    try:
+        run = profile_models(models, db, ray_address=ray_address, hooks=hooks, **kw)
+    except NothingToProfile as exc:
+        _fail_if(exc.failed)
+        raise
+    stats, plan = run.stats, run.plan
+    for f in stats["failures"][:10]:
+        err.print(f"[yellow]could not time[/] {f}")
+    out.print(
+        f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
+        f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
+        f"calibration forwards {run.calib_s:.1f} s"
+    )
+    _print_savings(plan, run.savings)
+    if run.predicted:
         out.print(
-            f"profiled {stats.get('points', plan.todo_points)} points in {stats['device_s']:.1f} device-s "
-            f"({stats['wall_s']:.1f} s wall); {stats['completed']} signatures completed; "
-            f"calibration forwards {calib:.1f} s"
+            f"{len(run.predicted)} signatures left to the shape model (not measured): validate and "
+            f"predict with `--shape`"
         )
-        _print_savings(plan, store, predicted, calibration=None)
-        if predicted:
-            out.print(
-                f"{len(predicted)} signatures left to the shape model (not measured): validate and "
-                f"predict with `--shape`"
-            )
-    _fail_if(failed)
+    _fail_if(run.failed)
 
 
 def _measure(name: str, pred, cfg, engine, keep_in: Path | None, **kw):  # type: ignore[no-untyped-def]
@@ -428,14 +295,14 @@ def validate_cmd(
     profile's own figure it prints the "zero new points" one: the model predicted as if it had never been
     profiled (signatures no other model needs, and its calibration forwards, left out of every fit).
     """
-    from dooly.api import validation_predictors
+    from dooly.api import profiling_engine, validation_predictors
     from dooly.errors import DoolyError
     from dooly.store import profile_command
     from dooly.zoo import resolve_model
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `{profile_command(model, db, model)}` first)")
-    engine, threads = _setup(device, dtype, threads, engine_name)
+    engine, threads = profiling_engine(engine_name, device, dtype, threads)
     name, cfg = resolve_model(model)
     if method == "auto":
         _print_method_errors(db, engine, threads)
