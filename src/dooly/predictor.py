@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -103,6 +104,53 @@ def _build_grid(points: Sequence[tuple[Mapping[str, float], float]], symbols: tu
     return axes, arr
 
 
+class GridEstimator:
+    """``interp``: piecewise-(multi)linear interpolation of log latency over the signature's grid. Its tables
+    stack: a predictor batches every signature of a symbol set and grid into one :class:`GridTable`."""
+
+    stacks = True
+
+    def __init__(self, symbols: tuple[str, ...], points: Sequence[tuple[Mapping[str, float], float]]) -> None:
+        axes, arr = _build_grid(points, symbols)
+        self.grid = GridTable(symbols, axes, ["_"], arr[None, ...])
+
+    def __call__(self, values: Mapping[str, float]) -> float:
+        return float(np.exp(self.grid.predict_log(values)[0]))
+
+
+class ForestEstimator:
+    """``forest``: a random forest (as Vidur) on the same log features; called one signature at a time."""
+
+    stacks = False
+
+    def __init__(self, symbols: tuple[str, ...], points: Sequence[tuple[Mapping[str, float], float]]) -> None:
+        from sklearn.ensemble import RandomForestRegressor
+
+        self.symbols = symbols
+        X = np.array([[_feat(p[s]) for s in symbols] or [0.0] for p, _ in points])
+        y = np.log(np.maximum([lat for _, lat in points], 1e-9))
+        self.forest = RandomForestRegressor(n_estimators=30, min_samples_leaf=1, random_state=0).fit(X, y)
+
+    def __call__(self, values: Mapping[str, float]) -> float:
+        x = np.array([[float(_feat(values[s])) for s in self.symbols] or [0.0]])
+        return float(np.exp(self.forest.predict(x)[0]))
+
+
+#: Each predictor method by name: the estimator class of one signature's latency over its request symbols,
+#: built from ``(symbols, points)``. A new method is a class with ``stacks`` and ``__call__``, and one line here.
+PREDICTOR_METHODS: Mapping[str, type[GridEstimator] | type[ForestEstimator]] = MappingProxyType(
+    {"interp": GridEstimator, "forest": ForestEstimator}
+)
+
+
+def predictor_method(name: str) -> type[GridEstimator] | type[ForestEstimator]:
+    """The estimator class of the method ``name``, else one error naming the known methods."""
+    cls = PREDICTOR_METHODS.get(name)
+    if cls is None:
+        raise DoolyError(f"unknown predictor method {name!r} (known: {', '.join(PREDICTOR_METHODS)})")
+    return cls
+
+
 class SignatureModel:
     """Latency of one signature as a function of its request symbols."""
 
@@ -113,23 +161,10 @@ class SignatureModel:
             raise DoolyError("signature has no profiled points")
         self.symbols = tuple(sorted(symbols))
         self.method = method
-        if method == "interp":
-            axes, arr = _build_grid(points, self.symbols)
-            self.grid = GridTable(self.symbols, axes, ["_"], arr[None, ...])
-        elif method == "forest":
-            from sklearn.ensemble import RandomForestRegressor
-
-            X = np.array([[_feat(p[s]) for s in self.symbols] or [0.0] for p, _ in points])
-            y = np.log(np.maximum([lat for _, lat in points], 1e-9))
-            self.forest = RandomForestRegressor(n_estimators=30, min_samples_leaf=1, random_state=0).fit(X, y)
-        else:
-            raise DoolyError(f"unknown predictor method {method!r} (interp or forest)")
+        self.estimator = predictor_method(method)(self.symbols, points)
 
     def __call__(self, values: Mapping[str, float]) -> float:
-        if self.method == "interp":
-            return float(np.exp(self.grid.predict_log(values)[0]))
-        x = np.array([[float(_feat(values[s])) for s in self.symbols] or [0.0]])
-        return float(np.exp(self.forest.predict(x)[0]))
+        return self.estimator(values)
 
 
 def holdout_errors(
@@ -290,12 +325,13 @@ class Predictor:
         self.name = name
         self.traces = dict(traces)
         self.method = method
+        predictor_method(method)  # an unknown name fails here, not halfway through the passes
         self.overhead = overhead or OverheadModel()
         self.n_records: dict[str, int] = {}
         self._passes: dict[str, object] = {}  # pass key (branch_key) -> its trace
         # per phase: the signatures with their multiplicities, grouped by symbol set into stacked tables
         self._groups: dict[str, list[tuple[GridTable, np.ndarray]]] = {}
-        self._forests: dict[str, list[tuple[SignatureModel, int]]] = {}
+        self._singles: dict[str, list[tuple[SignatureModel, int]]] = {}  # signatures of a method that does not stack
         self.missing: dict[str, list[str]] = {}
         # a phase whose code branches on a request size has one pass per branch (the trace's sides): each is
         # priced where its guards hold, under its own key (branch_key)
@@ -335,8 +371,8 @@ class Predictor:
             if not pts:
                 continue
             syms = tuple(sorted(s.symbols()))
-            if method == "forest":
-                self._forests.setdefault(key, []).append((SignatureModel(syms, pts, "forest"), mult))
+            if not predictor_method(method).stacks:
+                self._singles.setdefault(key, []).append((SignatureModel(syms, pts, method), mult))
                 continue
             axes, arr = _build_grid(pts, syms)
             gkey = (syms, tuple(tuple(a) for a in axes))
@@ -381,6 +417,8 @@ class Predictor:
         from dooly.store import ProfileStore
         from dooly.zoo import resolve_model
 
+        if method != "auto" and method not in PREDICTOR_METHODS:
+            raise DoolyError(f"unknown predictor method {method!r} (known: auto, {', '.join(PREDICTOR_METHODS)})")
         if not Path(db_path).exists():
             raise DoolyError(f"{db_path}: no such profile database (run `dooly profile` first)")
         engine = engine or get_engine()
@@ -448,7 +486,7 @@ class Predictor:
         phase = self.branch_key(phase, values)
         for g, mult in self._groups.get(phase, []):
             total += float(np.exp(g.predict_log(values)) @ mult)
-        for model, mult in self._forests.get(phase, []):
+        for model, mult in self._singles.get(phase, []):
             total += model(values) * mult
         return total + self.page_faults(phase, values)
 
@@ -586,22 +624,23 @@ def _require_complete(traces, points, complete, name, model, db_path, hardware) 
 
 
 def choose_method(points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]], sample: int = 40) -> str:
-    """``interp`` or ``forest``, whichever has the lower held-out MAPE on (a sample of) the DB's signatures."""
+    """The method with the lowest held-out MAPE on (a sample of) the DB's signatures (``interp`` on a tie, or
+    when some method could not be scored)."""
     errs = method_errors(points, sample)
-    if not errs["interp"] or not errs["forest"]:
+    if not all(errs.values()):
         return "interp"
-    return "interp" if np.mean(errs["interp"]) <= np.mean(errs["forest"]) else "forest"
+    return min(errs, key=lambda m: float(np.mean(errs[m])))  # the first (interp) on a tie
 
 
 def method_errors(
     points: Mapping[str, Sequence[tuple[Mapping[str, float], float]]], sample: int = 40
 ) -> dict[str, list[float]]:
-    """Held-out relative errors of both estimators over up to ``sample`` multi-point signatures."""
+    """Held-out relative errors of every method over up to ``sample`` multi-point signatures."""
     keys = sorted(k for k, v in points.items() if len(v) >= 3)
     rng = np.random.default_rng(0)
     if len(keys) > sample:
         keys = list(rng.choice(keys, size=sample, replace=False))
-    out: dict[str, list[float]] = {"interp": [], "forest": []}
+    out: dict[str, list[float]] = {m: [] for m in PREDICTOR_METHODS}
     for k in keys:
         syms = tuple(sorted(points[k][0][0]))
         for meth in out:

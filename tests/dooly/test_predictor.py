@@ -291,3 +291,10 @@ def test_half_depth_calibration_predicts_the_architecture_at_another_depth(tmp_p
     ops, n = p_deep.ops_latency("decode", v), p_deep.records_at("decode", v)
     assert fits[2]("decode", ops, n, v) == pytest.approx(truth, rel=0.02)
     assert abs(fits[1]("decode", ops, n, v) - truth) > 0.05 * truth  # one depth: the split was a guess
+
+
+def test_an_unknown_method_is_one_error_naming_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(DoolyError, match=r"^unknown predictor method 'tree' \(known: interp, forest\)$"):
+        SignatureModel(("requests",), [({"requests": 1}, 1e-6)], "tree")
+    with pytest.raises(DoolyError, match=r"^unknown predictor method 'tree' \(known: auto, interp, forest\)$"):
+        Predictor.for_model("smollm2-135m", tmp_path / "none.db", method="tree")

@@ -373,3 +373,12 @@ def test_cli_memory_and_router(tmp_path, monkeypatch):
     assert res.exit_code != 0 and "exceed memory" in str(res.exception)
     res = run(app, [*base, "--router", "fastest"])
     assert res.exit_code != 0 and "unknown router" in str(res.exception)
+
+
+def test_scheduling_policies_by_name() -> None:
+    from dooly.simulator import SCHEDULING_POLICIES, scheduling_policy
+
+    assert SchedulerConfig(chunked_prefill=True).policy == "chunked" and SchedulerConfig().policy == "whole"
+    assert set(SCHEDULING_POLICIES) == {"whole", "chunked"}
+    with pytest.raises(DoolyError, match=r"^unknown scheduling policy 'fifo' \(known: whole, chunked\)$"):
+        scheduling_policy("fifo")

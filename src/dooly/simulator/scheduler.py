@@ -1,11 +1,11 @@
 """Continuous batching as vLLM does it, for one replica.
 
-Two policies, chosen by ``chunked_prefill``:
+Two policies (:data:`SCHEDULING_POLICIES`), chosen by ``chunked_prefill``:
 
-* off (vLLM v0's default): waiting requests are admitted FCFS, each with its whole prompt, while the
+* ``whole``, off (vLLM v0's default): waiting requests are admitted FCFS, each with its whole prompt, while the
   sequence limit, the token budget and the free KV blocks allow; an iteration that admits any is a
   prefill-only iteration. Otherwise every running request decodes one token.
-* on (vLLM v1, and v0 with chunked prefill): each iteration serves the running requests in admission order
+* ``chunked``, on (vLLM v1, and v0 with chunked prefill): each iteration serves the running requests in admission order
   (one token per decode, the next chunk of a partial prefill), then admits waiting requests, cutting prompts
   into chunks so that the batch never exceeds ``max_num_batched_tokens``.
 
@@ -29,7 +29,9 @@ admitting nothing new, the newest running request the preemption victim. vLLM v1
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from dooly.errors import DoolyError
 from dooly.simulator.entities import KVCache, Request, ScheduledBatch
@@ -50,9 +52,13 @@ class SchedulerConfig:
             if getattr(self, name) < 1:
                 raise DoolyError(f"scheduler config: {name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def policy(self) -> str:
+        """The name of the scheduling policy (:data:`SCHEDULING_POLICIES`) this config runs."""
+        return "chunked" if self.chunked_prefill else "whole"
+
     def label(self) -> str:
-        chunk = "chunked" if self.chunked_prefill else "whole"
-        return f"seqs={self.max_num_seqs} tokens={self.max_num_batched_tokens} {chunk}"
+        return f"seqs={self.max_num_seqs} tokens={self.max_num_batched_tokens} {self.policy}"
 
 
 def vllm_v1_config(
@@ -101,7 +107,7 @@ class ReplicaScheduler:
     # -- one iteration ------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         """Choose the next iteration (possibly empty when nothing can run)."""
-        return self._schedule_chunked() if self.config.chunked_prefill else self._schedule_whole()
+        return scheduling_policy(self.config.policy)(self)
 
     def _preempt_last(self, batch: ScheduledBatch) -> Request:
         victim = self.running.pop()
@@ -206,3 +212,18 @@ class ReplicaScheduler:
             gone = {r.id for r in done}
             self.running = [r for r in self.running if r.id not in gone]
         return done
+
+
+#: Each scheduling policy by name: how a replica chooses its next iteration. A new policy is a
+#: :class:`ReplicaScheduler` method and one line here.
+SCHEDULING_POLICIES: Mapping[str, Callable[[ReplicaScheduler], ScheduledBatch]] = MappingProxyType(
+    {"whole": ReplicaScheduler._schedule_whole, "chunked": ReplicaScheduler._schedule_chunked}
+)
+
+
+def scheduling_policy(name: str) -> Callable[[ReplicaScheduler], ScheduledBatch]:
+    """The policy ``name``, else one error naming the known policies."""
+    policy = SCHEDULING_POLICIES.get(name)
+    if policy is None:
+        raise DoolyError(f"unknown scheduling policy {name!r} (known: {', '.join(SCHEDULING_POLICIES)})")
+    return policy
