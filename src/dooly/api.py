@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from dooly.profiler import GridSpec, Plan, Savings
     from dooly.simulator import MemoryModel, SchedulerConfig
     from dooly.store import ProfileContext, ProfileStore
+    from dooly.zoo import ModelSpec
 
 
 def load_latency_model(
@@ -123,7 +124,7 @@ def vllm_cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
 
 
 def check_calibration(
-    model: str, db: Path, store: ProfileStore, engine: Engine, threads: int | None
+    model: str | ModelSpec, db: Path, store: ProfileStore, engine: Engine, threads: int | None
 ) -> tuple[bool, str]:
     """``dooly profile --calibrate check``: measure the model's forwards at the check shapes (stored as
     ``NAME#check``) and compare each with what the DB predicts without any calibration of its own (the
@@ -224,6 +225,22 @@ class NothingToProfile(DoolyError):
         self.failed = failed
 
 
+def resolved_once(models: Sequence[str]) -> list[str | ModelSpec]:
+    """``models`` as :class:`~dooly.zoo.ModelSpec`, resolved here once for the whole run; one that does not
+    resolve stays as given, so its error is raised where the run reports it."""
+    from dooly.zoo import ModelSpec, resolve_model
+
+    out: list[str | ModelSpec] = []
+    for m in models:
+        try:
+            name, cfg = resolve_model(m)
+        except DoolyError:
+            out.append(m)
+        else:
+            out.append(ModelSpec(name, cfg, str(m)))
+    return out
+
+
 def profiling_engine(engine: str, device: str, dtype: str, threads: int | None) -> tuple[Engine, int]:
     """The engine to profile with, and the torch threads (default: $DOOLY_THREADS or 1)."""
     from dooly.engines import get_engine
@@ -253,8 +270,8 @@ def calibration_policy(name: str) -> str:
 
 
 def traceable_models(
-    models: list[str], store: ProfileStore, engine: Engine, log: Callable[[str], object] = print
-) -> tuple[list[str], list[str]]:
+    models: Sequence[str | ModelSpec], store: ProfileStore, engine: Engine, log: Callable[[str], object] = print
+) -> tuple[list[str | ModelSpec], list[str]]:
     """The models that resolve and trace (their traces land in the store's cache, so planning does not trace
     again), and one line for each that does not: one bad model must not cost the others their plan."""
     from dooly.profiler import model_traces
@@ -316,7 +333,7 @@ def budget_triage(
     return predicted, lines
 
 
-def _check_weights_fit(models: list[str], engine: Engine) -> None:
+def _check_weights_fit(models: Sequence[str | ModelSpec], engine: Engine) -> None:
     """Calibration runs the whole model: refuse one too large now, not after the profiling."""
     from dooly.zoo import resolve_model
 
@@ -329,7 +346,7 @@ def _check_weights_fit(models: list[str], engine: Engine) -> None:
 
 
 def _calibrate_all(
-    models: list[str],
+    models: Sequence[str | ModelSpec],
     policy: str,
     db: Path,
     store: ProfileStore,
@@ -384,17 +401,18 @@ def profile_models(
     from dooly.store import ProfileStore
 
     hooks = hooks or ProfileHooks()
+    specs = resolved_once(models)
     engine_obj, threads = profiling_engine(engine, device, dtype, threads)
     grid_obj = grid_spec(grid)
     policy = calibration_policy(calibration)
     if policy != "none":
-        _check_weights_fit(models, engine_obj)
+        _check_weights_fit(specs, engine_obj)
     with ProfileStore(db) as store:
         t0 = time.perf_counter()
-        models, failed = traceable_models(models, store, engine_obj, hooks.log)
-        if not models:
+        specs, failed = traceable_models(specs, store, engine_obj, hooks.log)
+        if not specs:
             raise NothingToProfile(failed)  # inside the store: a DB this run created, with nothing measured, goes
-        plan = make_plan(models, store, engine_obj, grid_obj, threads)
+        plan = make_plan(specs, store, engine_obj, grid_obj, threads)
         predicted: set[str] = set()
         if budget is not None or budget_s is not None:
             predicted, lines = budget_triage(plan, store, budget, budget_s)
@@ -412,6 +430,6 @@ def profile_models(
                 advance(len(job.items))
 
             stats = run_plan(plan, store, engine_obj, threads=threads, ray_address=ray_address, on_job=on_job)
-        calib = _calibrate_all(models, policy, db, store, engine_obj, plan.ctx, threads, hooks)
+        calib = _calibrate_all(specs, policy, db, store, engine_obj, plan.ctx, threads, hooks)
         sv = savings(plan, store, predicted, calibration=None)  # the run is over: calibration as recorded
     return ProfileRun(plan, predicted, stats, calib, sv, failed, plan_s)

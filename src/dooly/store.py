@@ -655,5 +655,9 @@ def profile_command(model: object, db: str | Path, name: str) -> str:
     (a config's file stem is no model name), or ``name`` for a config dict, which has no command-line spelling."""
     import shlex
 
+    from dooly.zoo import ModelSpec
+
+    if isinstance(model, ModelSpec):  # resolved once: the argument it came from
+        model = model.source
     arg = str(model) if isinstance(model, str | Path) else name
     return f"dooly profile {shlex.quote(arg)} --db {shlex.quote(str(db))}"

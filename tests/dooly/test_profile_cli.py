@@ -194,8 +194,11 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     assert found, text
     reused, new, covered, uncovered = map(int, found.groups())
     assert (new, covered, uncovered) == (5, 4, 1) and reused > 0
-    assert re.search(r"--budget 1: measure 2 signatures \(1 uncovered \+ 1 least certain; about [\d.]+ device-s "
-                     r"predicted\), predict 3 from shape", text), text
+    assert re.search(
+        r"--budget 1: measure 2 signatures \(1 uncovered \+ 1 least certain; about [\d.]+ device-s "
+        r"predicted\), predict 3 from shape",
+        text,
+    ), text
     # a device-time cap: 0 s measures only what no shape model covers (and says the cap is exceeded), a large
     # one measures everything; a count and a cap together are refused
     res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget-seconds", "0"])
@@ -312,9 +315,31 @@ def test_calibration_reports_each_shape(tmp_path: Path) -> None:
     engine = get_engine()
     seed_traces(tmp_path / "p.db", cfg)
     with ProfileStore(tmp_path / "p.db") as st:
-        calibrate("tiny-cal", cfg, st, engine, context_for(engine, 1), shapes=shapes, threads=1, repeats=1,
-                  on_step=lambda d, t, w: seen.append((d, t, w)))
+        calibrate(
+            "tiny-cal",
+            cfg,
+            st,
+            engine,
+            context_for(engine, 1),
+            shapes=shapes,
+            threads=1,
+            repeats=1,
+            on_step=lambda d, t, w: seen.append((d, t, w)),
+        )
     total = 2 * 2 * 2  # two depths, two rounds, two shapes
     assert seen[0] == (0, total, "building tiny-cal")
     assert [d for d, t, w in seen if not w.startswith("building")] == list(range(1, total + 1))
     assert seen[-1][:2] == (total, total) and "decode requests=2 kv_len=16" in seen[-1][2]
+
+
+def test_profile_resolves_each_model_once(configs, monkeypatch) -> None:
+    import dooly.zoo
+
+    db, a, b = configs
+    monkeypatch.setenv("DOOLY_THREADS", "1")
+    looked_up: list[str] = []
+    load_config = dooly.zoo.load_config
+    monkeypatch.setattr(dooly.zoo, "load_config", lambda m: looked_up.append(str(m)) or load_config(m))
+    res = runner.invoke(app, ["profile", str(a), str(b), "--db", str(db), "--grid", "tiny", "--calibrate", "check"])
+    assert res.exit_code == 0, res.output
+    assert sorted(looked_up) == sorted([str(a), str(b)])

@@ -172,7 +172,14 @@ def plan_cmd(
 ) -> None:
     """Print what profiling MODELS would measure, what it reuses exactly, what it can predict from shape
     alone, what calibration each model needs, and the onboarding cost with vs without reuse."""
-    from dooly.api import budget_triage, calibration_policy, grid_spec, profiling_engine, traceable_models
+    from dooly.api import (
+        budget_triage,
+        calibration_policy,
+        grid_spec,
+        profiling_engine,
+        resolved_once,
+        traceable_models,
+    )
     from dooly.profiler import make_plan, savings
     from dooly.store import ProfileStore
 
@@ -180,7 +187,7 @@ def plan_cmd(
     engine, threads = profiling_engine(engine_name, device, dtype, threads)
     grid_obj = grid_spec(grid)
     with ProfileStore(db, readonly=True) as store:  # planning writes nothing (traces are cached in memory)
-        ok, failed = traceable_models(models, store, engine, _log)
+        ok, failed = traceable_models(resolved_once(models), store, engine, _log)
         if ok:
             plan = make_plan(ok, store, engine, grid_obj, threads)
             _print_savings(plan, savings(plan, store, calibration=calibration))

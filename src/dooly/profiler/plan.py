@@ -18,7 +18,7 @@ from dooly.profiler.timing import context_for
 from dooly.profiler.traces import model_traces
 from dooly.signature import ModelTrace, Signature, canonical_json
 from dooly.store import ProfileContext, ProfileStore, canonical_point
-from dooly.zoo import max_positions, num_layers, resolve_model
+from dooly.zoo import ModelSpec, max_positions, num_layers, resolve_model
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def _reaches_further(a: int | None, b: int | None) -> bool:
 
 
 def make_plan(
-    models: Sequence[str | Mapping[str, Any]],
+    models: Sequence[str | Mapping[str, Any] | ModelSpec],
     store: ProfileStore,
     engine: Engine,
     grid: GridSpec | None = None,

@@ -150,11 +150,27 @@ def load_config(name_or_path: str | Path) -> ModelConfig:
     return ModelConfig(name=name or path.stem, config=doc, source=str(path), family=str(doc["model_type"]))
 
 
-def resolve_model(model: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model resolved once (:func:`resolve_model` of it returns its name and config without a lookup), with
+    the argument it was resolved from (``source``: None for a config dict, which has no command-line spelling).
+    Prints as that argument, so messages about it read as before it was resolved."""
+
+    name: str
+    config: Mapping[str, Any]
+    source: str | None = None
+
+    def __str__(self) -> str:
+        return self.source if self.source is not None else self.name
+
+
+def resolve_model(model: str | Path | Mapping[str, Any] | ModelSpec) -> tuple[str, dict[str, Any]]:
     """``(name, config dict)`` for a zoo name, a config.json path, a model directory, or a config dict.
 
     The one lookup every command goes through, so a model means the same config everywhere.
     """
+    if isinstance(model, ModelSpec):  # resolved (and size-checked) already
+        return model.name, dict(model.config)
     if isinstance(model, Mapping):
         cfg = dict(model)
         name = str(cfg.get("_name_or_path") or cfg.get("model_type"))
@@ -251,6 +267,7 @@ __all__ = [
     "REALISTIC_GROUPS",
     "SIZE_LIMITS",
     "ModelConfig",
+    "ModelSpec",
     "at_depth",
     "check_sizes",
     "list_models",
