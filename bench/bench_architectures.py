@@ -77,6 +77,7 @@ def tiny_configs(model_type: str) -> list[dict[str, Any]]:
 
     def shrink(cfg: PretrainedConfig, derived: bool) -> None:
         depth = getattr(cfg, "num_hidden_layers", None)
+        top_k = getattr(cfg, "num_experts_per_tok", None)
         for key, value in TINY.items():
             if hasattr(cfg, key) and isinstance(getattr(cfg, key), int) and not isinstance(getattr(cfg, key), bool):
                 setattr(cfg, key, value)
@@ -107,6 +108,8 @@ def tiny_configs(model_type: str) -> list[dict[str, Any]]:
                 setattr(cfg, key, 1)
         if hasattr(cfg, "num_experts_per_tok") and cfg.num_experts_per_tok is None:
             cfg.num_experts_per_tok = TINY["num_experts_per_tok"]
+        elif isinstance(top_k, int) and top_k < TINY["num_experts_per_tok"]:
+            cfg.num_experts_per_tok = top_k  # the model's own top-1 routing (an engine may implement only that)
         parts = [getattr(cfg, k, None) for k in ("qk_nope_head_dim", "qk_rope_head_dim")]
         if isinstance(getattr(cfg, "qk_head_dim", None), int) and all(isinstance(p, int) for p in parts):
             cfg.qk_head_dim = sum(parts)

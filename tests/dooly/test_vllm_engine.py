@@ -270,6 +270,30 @@ def test_values_vllm_reads_back_while_building_are_refused_in_one_line(engine) -
     assert "\n" not in str(err.value)
 
 
+def test_a_metadata_builder_reading_lengths_as_values_is_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
+    # vLLM's chunked local attention splits each request into virtual batches with numpy, from its lengths' values
+    cfg = {
+        "model_type": "llama4_text",
+        "vocab_size": 128,
+        "hidden_size": 128,
+        "intermediate_size": 96,
+        "intermediate_size_mlp": 96,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 32,
+        "max_position_embeddings": 512,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "moe_layers": [0],
+        "no_rope_layers": [1],
+        "layer_types": ["chunked_attention"],
+    }
+    with pytest.raises(DoolyError, match="reads the requests' lengths as values") as err:
+        trace_model(cfg, "prefill", engine=engine)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.slow
 def test_a_run_leaves_no_temporary_directory(config, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A `dooly trace --engine vllm` in its own process (vLLM's start-up again: slow) removes its model and process

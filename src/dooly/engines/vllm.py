@@ -103,7 +103,20 @@ def _group_step(spec: Any, builder: Any, table: Any, r: Any, t: Any, k: Any) -> 
         num_actual_tokens=r * t, max_query_len=t, max_seq_len=k + t, block_table_tensor=table,
         slot_mapping=slot, positions=positions, seq_lens_cpu_upper_bound=seq_lens, is_prefilling=prefilling,
     )  # fmt: skip
-    return (None if builder is None else builder.build(0, common)), slot, common
+    if builder is None:
+        return None, slot, common
+    try:
+        return builder.build(0, common), slot, common
+    except RuntimeError as exc:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not isinstance(table, FakeTensor):
+            raise
+        # a direct-call layer's metadata feeds its kernels, so it cannot be built at the dummy sizes instead
+        raise DoolyError(
+            f"engine vllm: vLLM's {type(builder).__name__} reads the requests' lengths as values ({one_line(exc)} "
+            f"at {_frame(exc)}), which fixes the request count, so the model cannot be traced"
+        ) from None
 
 
 def _direct(layer: Any) -> bool:
@@ -204,15 +217,20 @@ def _build_constants_faked() -> Iterator[None]:
         fake_tensor_tls.allow_non_fake_inputs_override = before
 
 
-def _fake_build_limit(exc: BaseException) -> str | None:
-    """Why vLLM's model code cannot be built on fake tensors (the tracer's), in one line; None for other errors."""
+def _frame(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc``'s traceback outside torch (vLLM's code at fault)."""
     import traceback
 
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+
+
+def _fake_build_limit(exc: BaseException) -> str | None:
+    """Why vLLM's model code cannot be built on fake tensors (the tracer's), in one line; None for other errors."""
     from torch._subclasses.fake_tensor import DataDependentOutputException
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
-    at = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+    at = _frame(exc)
     if isinstance(exc, GuardOnDataDependentSymNode | DataDependentOutputException):
         return (
             f"engine vllm: vLLM reads values it computes with torch back into Python while it builds this model "
