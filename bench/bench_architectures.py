@@ -5,7 +5,7 @@ vocab 128, ... wherever the config has such a field, sub-configs too) so the mod
 shrunk config does not build, the default config with 2 layers is used (tracing costs no weight memory).
 Every phase ends as ``traced``, ``refused`` (a :class:`DoolyError`: the one-line reason is printed), ``engine
 fails`` (also one line: the trace raised and so does a real run of the engine at small sizes, so the engine's own
-code cannot run it; :func:`dooly.tracer.real_run_failure`) or ``crashed`` (any other exception: a tracer bug).
+code cannot run it; :func:`dooly.trace.tracer.real_run_failure`) or ``crashed`` (any other exception: a tracer bug).
 A trace slower than ``--timeout`` seconds is ``crashed``.
 
     .venv/bin/python bench/bench_architectures.py                     # every architecture, every phase
@@ -32,8 +32,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dooly.errors import DoolyError, one_line
-from dooly.tracer import DEFAULT_HINTS, real_run_failure, trace_model
+from dooly.core.errors import DoolyError, one_line
+from dooly.trace.tracer import DEFAULT_HINTS, real_run_failure, trace_model
 
 PHASES = ("prefill", "decode", "chunk")
 

@@ -4,7 +4,7 @@ For every matmul shape of a smollm2-135m decode pass (3 requests: q, k, v, o, ga
 LM head) it times one call three ways and sums them with the pass's multiplicities:
 
 * ``hot``: a loop over the same weight (everything cached);
-* ``evicted``: one call after :func:`dooly.profiler.evict_caches` (every cache level cold, code too);
+* ``evicted``: one call after :func:`dooly.profile.evict_caches` (every cache level cold, code too);
 * ``profiler``: what the profiler does, ``time_calls`` over rotated copies of the weight (more bytes than the
   L3 in all, so each call reads its weight from memory while code and dispatcher stay warm);
 
@@ -23,10 +23,10 @@ import time
 
 import torch
 
+from dooly.core.zoo import resolve_model
 from dooly.engines import get_engine
 from dooly.engines.base import RequestShape
-from dooly.profiler import TimerConfig, evict_caches, time_calls
-from dooly.zoo import resolve_model
+from dooly.profile import TimerConfig, evict_caches, time_calls
 
 
 def one_call_after(prepare, call, n: int = 30) -> float:

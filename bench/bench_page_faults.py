@@ -29,11 +29,11 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dooly.core.zoo import resolve_model
 from dooly.engines import get_engine
 from dooly.engines.base import RequestShape
-from dooly.profiler import TimerConfig, evict_caches, time_calls
-from dooly.profiler.timing import MMAP_MAX_BYTES, PAGE_COST_KEY, measure_page_cost, reused_pages
-from dooly.zoo import resolve_model
+from dooly.profile import TimerConfig, evict_caches, time_calls
+from dooly.profile.timing import MMAP_MAX_BYTES, PAGE_COST_KEY, measure_page_cost, reused_pages
 
 SHAPES = [(8, 1024), (16, 1024), (20, 1024), (28, 1024), (32, 1024), (48, 700)]
 

@@ -10,17 +10,17 @@ profiled model and for a model that was never profiled (all its signatures come 
     .venv/bin/python bench/bench_profile.py --db /tmp/dooly_bench.db --skip-validate --realistic  # groups + zoo
     .venv/bin/python bench/bench_profile.py --db /tmp/dooly_bench.db --skip-validate --shapes     # shape model
 
-``--realistic`` prices the models users profile together (dooly.zoo.REALISTIC_GROUPS) and the whole zoo:
+``--realistic`` prices the models users profile together (dooly.core.zoo.REALISTIC_GROUPS) and the whole zoo:
 signature and grid-point counts (from tracing alone, no timing: exact) and device-seconds, measured for the
 signatures this DB holds and, for the rest, what profiling their points would cost at the shape model's
-predicted latency (dooly.profiler.savings.estimate_costs; the share estimated is printed), with exact reuse
+predicted latency (dooly.profile.savings.estimate_costs; the share estimated is printed), with exact reuse
 and with the shape model predicting all but ``--budget`` signatures per model.
 ``--shapes`` validates, on the same held-out real forwards: each profiled model with its full profile, with
 zero new points (held out of every fit), and with its budget replayed (only the ``--budget`` least certain of
 its own signatures measured); and configs outside the zoo (OUTSIDE) that were never profiled, with zero new
 points where the shape model covers every operator kind, else after profiling only the uncovered kinds.
 
-Timing uses one torch thread and, on the CPU, the thread-CPU clock (see dooly.profiler.default_clock): on a
+Timing uses one torch thread and, on the CPU, the thread-CPU clock (see dooly.profile.default_clock): on a
 shared machine wall time mostly measures the other tenants.
 """
 
@@ -34,11 +34,12 @@ import numpy as np
 import torch
 
 from dooly.api import profile_models
+from dooly.core.zoo import resolve_model
+from dooly.db.store import ProfileStore
 from dooly.engines import Engine, get_engine
-from dooly.predictor import Predictor, method_errors, phase_mape, round_spread, validate_model
-from dooly.profiler import calibrate, default_clock, make_plan, profiled_savings, run_plan, savings
-from dooly.store import ProfileStore
-from dooly.zoo import resolve_model
+from dooly.predict.predictor import Predictor, method_errors
+from dooly.predict.validate import phase_mape, round_spread, validate_model
+from dooly.profile import calibrate, default_clock, make_plan, profiled_savings, run_plan, savings
 
 SMALL = ["smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "opt-125m"]
 
@@ -77,8 +78,8 @@ def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[fl
     """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo, with
     exact reuse and with the shape model at each of ``budgets`` (signatures measured per model) and of
     ``budget_s`` (device-seconds caps for the whole list, as `dooly profile --budget-seconds`)."""
-    from dooly.profiler.budget import triage
-    from dooly.zoo import REALISTIC_GROUPS, list_models, realistic_list
+    from dooly.core.zoo import REALISTIC_GROUPS, list_models, realistic_list
+    from dooly.profile.budget import triage
 
     lists = {f"group {g}": ms for g, ms in REALISTIC_GROUPS.items()}
     lists["REALISTIC LIST"] = realistic_list()
@@ -125,10 +126,10 @@ def shape_predictors(  # type: ignore[no-untyped-def]
 ) -> dict[str, Predictor]:
     """`shapes`' predictors of one model by label: exact, zero new points, and each budget replayed; for a model
     with kinds never profiled here, those kinds are measured (--budget 0) and the rest predicted from shape."""
-    from dooly.errors import DoolyError
-    from dooly.predictor import own_signatures
-    from dooly.profiler import context_for, model_traces
-    from dooly.profiler.budget import triage
+    from dooly.core.errors import DoolyError
+    from dooly.predict.predictor import own_signatures
+    from dooly.profile import context_for, model_traces
+    from dooly.profile.budget import triage
 
     preds: dict[str, Predictor] = {}
     for label, kw in (("exact", {}), ("zero new points", {"holdout": True})):
@@ -175,8 +176,8 @@ def shapes(
     budget_s: list[float] = (),
 ) -> None:
     """Exact vs zero-new-points vs budget-replay MAPE per phase on held-out real forwards, noise floor beside."""
-    from dooly.profiler import context_for
-    from dooly.shape_model import ShapeModel, signatures_of
+    from dooly.db.shape_model import ShapeModel, signatures_of
+    from dooly.profile import context_for
 
     with ProfileStore(store_path, readonly=True) as store:
         ctx = context_for(engine, threads)
@@ -359,7 +360,7 @@ def main() -> None:
         run_shapes(args, engine)
 
     if args.zoo:
-        from dooly.zoo import list_models
+        from dooly.core.zoo import list_models
 
         with ProfileStore(args.db) as store:
             names = [m.name for m in list_models()]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from dooly.batch import Batch
+from dooly.core.batch import Batch
 from dooly.simulator import SchedulerConfig, generate_workload, simulate
 
 

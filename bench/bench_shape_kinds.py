@@ -15,10 +15,10 @@ import argparse
 
 import numpy as np
 
+from dooly.db.shape_model import ShapeModel, fit_kind, kind_of, signature_rows, signatures_of
+from dooly.db.store import ProfileStore
 from dooly.engines import get_engine
-from dooly.profiler import context_for
-from dooly.shape_model import ShapeModel, fit_kind, kind_of, signature_rows, signatures_of
-from dooly.store import ProfileStore
+from dooly.profile import context_for
 
 
 def main(db: str, op: str) -> None:

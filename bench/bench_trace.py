@@ -16,9 +16,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dooly.signature import ModelTrace
-from dooly.tracer import overlap_matrix, trace_model
-from dooly.zoo import list_models, load_config
+from dooly.core.zoo import list_models, load_config
+from dooly.trace.signature import ModelTrace
+from dooly.trace.tracer import overlap_matrix, trace_model
 
 
 def main() -> None:

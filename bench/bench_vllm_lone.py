@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from dooly.api import serving_latency_model
-    from dooly.engines.vllm_serving import ServeConfig, VLLMServer, cpu_serving_dtype, vllm_available
+    from dooly.serve.vllm_serving import ServeConfig, VLLMServer, cpu_serving_dtype, vllm_available
     from dooly.simulator import Workload
 
     why = vllm_available()

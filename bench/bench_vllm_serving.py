@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write every validation (per-request figures) here")
     args = ap.parse_args()
 
-    from dooly.engines.vllm_serving import ServeConfig, cpu_serving_dtype, validate, vllm_available
+    from dooly.serve.vllm_serving import ServeConfig, cpu_serving_dtype, validate, vllm_available
 
     why = vllm_available()
     if why:

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
 
-    from dooly.engines.vllm_serving import cpu_serving_dtype, vllm_available
+    from dooly.serve.vllm_serving import cpu_serving_dtype, vllm_available
 
     why = vllm_available()
     if why:
@@ -49,10 +49,10 @@ def main() -> None:
     if not args.db.exists():
         sys.exit(f"{args.db}: no profile DB (bench/bench_vllm_serving.py profiles one)")
     from dooly.api import serving_latency_model
-    from dooly.batch import Batch
+    from dooly.core.batch import Batch
+    from dooly.core.zoo import resolve_model
     from dooly.engines import get_engine
-    from dooly.profiler import fixed_threads, measure_prepared
-    from dooly.zoo import resolve_model
+    from dooly.profile import fixed_threads, measure_prepared
 
     dtype = args.dtype or cpu_serving_dtype()
     engine = get_engine("vllm", dtype=dtype)

@@ -9,7 +9,7 @@ for the predictor as it is now: forward-latency MAPE per phase on those held-out
 TTFT/TPOT of the served workload, each beside what the run itself printed.
 
 It reads the model's traces that the GPU run cached in its DB. They are keyed by a digest of the tracing code
-(`dooly.profiler.traces.tracer_version`: tracer, taint, signature, engines), so once that code changes they
+(`dooly.profile.traces.tracer_version`: tracer, taint, signature, engines), so once that code changes they
 are stale, and tracing anew needs the GPU: rerun `bench/cuda_check.sh` on one.
 """
 
@@ -28,10 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from dooly.api import sched_config  # noqa: E402
+from dooly.core.errors import DoolyError  # noqa: E402
 from dooly.engines import get_engine  # noqa: E402
-from dooly.errors import DoolyError  # noqa: E402
-from dooly.predictor import Predictor  # noqa: E402
-from dooly.profiler import timing  # noqa: E402
+from dooly.predict.predictor import Predictor  # noqa: E402
+from dooly.profile import timing  # noqa: E402
 from dooly.simulator import CachedLatency, parse_workload, simulate  # noqa: E402
 
 

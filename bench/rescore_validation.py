@@ -44,9 +44,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
 
+    from dooly.core.errors import DoolyError
     from dooly.engines import get_engine
-    from dooly.errors import DoolyError
-    from dooly.predictor import Predictor, ValidationRow, phase_mape
+    from dooly.predict.predictor import Predictor
+    from dooly.predict.validate import ValidationRow, phase_mape
 
     rows = measured_rows(args.log.read_text())
     if not rows:

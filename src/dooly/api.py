@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dooly.core.errors import DoolyError
 from dooly.engines import DEFAULT_ENGINE
-from dooly.errors import DoolyError
 
 if TYPE_CHECKING:
+    from dooly.core.zoo import ModelSpec
+    from dooly.db.store import ProfileContext, ProfileStore
     from dooly.engines import Engine
-    from dooly.predictor import Predictor
-    from dooly.profiler import GridSpec, Plan, Savings
+    from dooly.predict.predictor import Predictor
+    from dooly.profile import GridSpec, Plan, Savings
     from dooly.simulator import MemoryModel, SchedulerConfig
-    from dooly.store import ProfileContext, ProfileStore
-    from dooly.zoo import ModelSpec
 
 
 def load_latency_model(
@@ -46,7 +46,7 @@ def load_latency_model(
     """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings);
     `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`)."""
     from dooly.engines import get_engine
-    from dooly.predictor import Predictor
+    from dooly.predict.predictor import Predictor
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
@@ -102,9 +102,9 @@ def memory_model(
     engine: str = DEFAULT_ENGINE,
 ) -> MemoryModel:
     """MODEL's memory model on a device of `memory_gb` GiB (its config from the zoo or a config path)."""
+    from dooly.core.zoo import resolve_model
     from dooly.engines import get_engine
     from dooly.simulator import MemoryModel
-    from dooly.zoo import resolve_model
 
     config, name = resolve_model(model)[1], Path(model).stem
     limits = (memory_gb, utilization, dtype, kv_cache_dtype, activation_gb)
@@ -114,10 +114,10 @@ def memory_model(
 def vllm_cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
     """vLLM CPU-backend KV blocks for MODEL; its architecture read as the memory model reads it everywhere
     (the HF engine's view of the config: vLLM builds its models from the same transformers config)."""
+    from dooly.core.units import dtype_bytes
+    from dooly.core.zoo import resolve_model
     from dooly.engines import get_engine
     from dooly.simulator import cpu_kv_blocks
-    from dooly.units import dtype_bytes
-    from dooly.zoo import resolve_model
 
     arch = get_engine(DEFAULT_ENGINE, dtype=dtype).architecture(resolve_model(model)[1])
     return cpu_kv_blocks(arch, gb, block_size, dtype_bytes(dtype))
@@ -129,12 +129,12 @@ def check_calibration(
     """``dooly profile --calibrate check``: measure the model's forwards at the check shapes (stored as
     ``NAME#check``) and compare each with what the DB predicts without any calibration of its own (the
     overhead fitted once per engine and hardware over the other models); returns (passed, one line saying why).
-    The check passes when every shape lands within :data:`~dooly.profiler.calibrate.CHECK_TOLERANCE` plus the
+    The check passes when every shape lands within :data:`~dooly.profile.calibrate.CHECK_TOLERANCE` plus the
     stated uncertainty of the share of the pass predicted from shape."""
-    from dooly.predictor import Predictor
-    from dooly.profiler import context_for
-    from dooly.profiler.calibrate import CHECK_TOLERANCE, check_forwards
-    from dooly.zoo import resolve_model
+    from dooly.core.zoo import resolve_model
+    from dooly.predict.predictor import Predictor
+    from dooly.profile import context_for
+    from dooly.profile.calibrate import CHECK_TOLERANCE, check_forwards
 
     name, cfg = resolve_model(model)
     try:
@@ -162,7 +162,7 @@ def validation_predictors(
     without a complete profile from the shape model) and "zero new points" (the model predicted as if never
     profiled), with the error of each label that could not be built. Raises the "profile" error when neither
     could."""
-    from dooly.predictor import Predictor
+    from dooly.predict.predictor import Predictor
 
     predictors: dict[str, Predictor] = {}
     failed: dict[str, DoolyError] = {}
@@ -226,9 +226,9 @@ class NothingToProfile(DoolyError):
 
 
 def resolved_once(models: Sequence[str]) -> list[str | ModelSpec]:
-    """``models`` as :class:`~dooly.zoo.ModelSpec`, resolved here once for the whole run; one that does not
+    """``models`` as :class:`~dooly.core.zoo.ModelSpec`, resolved here once for the whole run; one that does not
     resolve stays as given, so its error is raised where the run reports it."""
-    from dooly.zoo import ModelSpec, resolve_model
+    from dooly.core.zoo import ModelSpec, resolve_model
 
     out: list[str | ModelSpec] = []
     for m in models:
@@ -244,14 +244,14 @@ def resolved_once(models: Sequence[str]) -> list[str | ModelSpec]:
 def profiling_engine(engine: str, device: str, dtype: str, threads: int | None) -> tuple[Engine, int]:
     """The engine to profile with, and the torch threads (default: $DOOLY_THREADS or 1)."""
     from dooly.engines import get_engine
-    from dooly.profiler import default_threads
+    from dooly.profile import default_threads
 
     return get_engine(engine, device=device, dtype=dtype), threads if threads is not None else default_threads()
 
 
 def grid_spec(name: str) -> GridSpec:
     """The request-value grid named ``name``: default (small models on a CPU) or tiny."""
-    from dooly.profiler import GridSpec
+    from dooly.profile import GridSpec
 
     if name == "default":
         return GridSpec()
@@ -262,7 +262,7 @@ def grid_spec(name: str) -> GridSpec:
 
 def calibration_policy(name: str) -> str:
     """``name`` when it is a calibration policy (all, check, none), else one error naming them."""
-    from dooly.profiler.calibrate import CALIBRATION_POLICIES
+    from dooly.profile.calibrate import CALIBRATION_POLICIES
 
     if name not in CALIBRATION_POLICIES:
         raise DoolyError(f"unknown --calibrate {name!r} ({', '.join(CALIBRATION_POLICIES)})")
@@ -274,8 +274,8 @@ def traceable_models(
 ) -> tuple[list[str | ModelSpec], list[str]]:
     """The models that resolve and trace (their traces land in the store's cache, so planning does not trace
     again), and one line for each that does not: one bad model must not cost the others their plan."""
-    from dooly.profiler import model_traces
-    from dooly.zoo import resolve_model
+    from dooly.core.zoo import resolve_model
+    from dooly.profile import model_traces
 
     ok, failed = [], []
     for m in models:
@@ -299,7 +299,7 @@ def budget_triage(
     without either), and the lines saying what the plan reuses exactly, predicts from shape and must measure."""
     import numpy as np
 
-    from dooly.profiler.budget import triage
+    from dooly.profile.budget import triage
 
     if budget is not None and budget_s is not None:
         raise DoolyError("give --budget (signatures) or --budget-seconds (device time), not both")
@@ -335,7 +335,7 @@ def budget_triage(
 
 def _check_weights_fit(models: Sequence[str | ModelSpec], engine: Engine) -> None:
     """Calibration runs the whole model: refuse one too large now, not after the profiling."""
-    from dooly.zoo import resolve_model
+    from dooly.core.zoo import resolve_model
 
     for m in models:
         name, cfg = resolve_model(m)
@@ -356,9 +356,9 @@ def _calibrate_all(
     hooks: ProfileHooks,
 ) -> float:
     """Calibrate ``models`` in order under ``policy``; returns the device seconds of their forwards."""
-    from dooly.profiler import calibrate
-    from dooly.profiler.calibrate import CHECK_SUFFIX, calibrated_models
-    from dooly.zoo import resolve_model
+    from dooly.core.zoo import resolve_model
+    from dooly.profile import calibrate
+    from dooly.profile.calibrate import CHECK_SUFFIX, calibrated_models
 
     spent = 0.0
     for m in models if policy != "none" else ():
@@ -397,8 +397,8 @@ def profile_models(
     A model that cannot be traced is one line in the result's ``failed`` (the others go on); when none can,
     :class:`NothingToProfile` is raised and a DB this run created is removed. ``budget`` / ``budget_s`` leave
     the signatures the shape model predicts best unmeasured (see :func:`budget_triage`)."""
-    from dooly.profiler import make_plan, run_plan, savings
-    from dooly.store import ProfileStore
+    from dooly.db.store import ProfileStore
+    from dooly.profile import make_plan, run_plan, savings
 
     hooks = hooks or ProfileHooks()
     specs = resolved_once(models)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from dooly.core.errors import DoolyError
 from dooly.engines._reaper import die_with_parent
-from dooly.errors import DoolyError
 
 SMALL_MODELS = ("smollm2-135m", "smollm2-360m")
 VALIDATE_MODEL = "smollm2-135m"

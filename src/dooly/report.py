@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from atomicio import atomic_path
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 
 if TYPE_CHECKING:
-    from dooly.profiler import Savings
-    from dooly.store import ProfileContext
+    from dooly.db.store import ProfileContext
+    from dooly.profile import Savings
 
 
 def results_dir_for(db: str | Path) -> Path:
@@ -82,9 +82,9 @@ def write_sweep_csv(points, path: str | Path) -> Path:
 
 def savings_from_db(db: str | Path) -> list[tuple[ProfileContext, Savings]]:
     """Savings over the models profiled into the DB, per profile context: the computation ``dooly profile``
-    prints (:mod:`dooly.profiler.savings`), over every model profiled there, each once."""
-    from dooly.profiler import profiled_savings
-    from dooly.store import ProfileStore
+    prints (:mod:`dooly.profile.savings`), over every model profiled there, each once."""
+    from dooly.db.store import ProfileStore
+    from dooly.profile import profiled_savings
 
     with ProfileStore(db, readonly=True) as store:
         return list(profiled_savings(store).items())

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from atomicio import atomic_path
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 
 MLP_OPS = (
     "emb",
@@ -91,7 +91,7 @@ class _Latency:
     """Per-signature latency from the profile DB (dooly's interpolating predictor)."""
 
     def __init__(self, points: Mapping[str, list]) -> None:
-        from dooly.predictor import SignatureModel
+        from dooly.predict.predictor import SignatureModel
 
         self._points = points
         self._models: dict[str, Any] = {}
@@ -136,10 +136,10 @@ def export_vidur(
     threads: int | None = None,
 ) -> tuple[Path, Path]:
     """Write ``out_dir/mlp.csv`` and ``out_dir/attention.csv`` for `model` from the profiles in `db`."""
+    from dooly.core.zoo import resolve_model
+    from dooly.db.store import ProfileStore
     from dooly.engines import get_engine
-    from dooly.profiler import context_for, default_threads, model_traces
-    from dooly.store import ProfileStore
-    from dooly.zoo import resolve_model
+    from dooly.profile import context_for, default_threads, model_traces
 
     num_tokens = num_tokens or [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
     decode_batches = decode_batches or [1, 2, 4, 8, 16, 32]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dooly.api
-from dooly.batch import Batch
+from dooly.core.batch import Batch
 from dooly.demo import SIM_REQUESTS, queueing_rate
 from dooly.simulator import SchedulerConfig, parse_workload
 from dooly.simulator.search import SLO, config_grid, sweep

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dooly.batch import Batch
 from dooly.cli import app
-from dooly.profiler.savings import ModelSignatures, record_models, savings_of
+from dooly.core.batch import Batch
+from dooly.db.store import Measurement, ProfileContext, ProfileStore
+from dooly.profile.savings import ModelSignatures, record_models, savings_of
 from dooly.report import build_report, save_result, savings_from_db, write_report
-from dooly.store import Measurement, ProfileContext, ProfileStore
 from dooly.vidur_export import vidur_op
 
 
@@ -84,7 +84,7 @@ def test_report_is_self_contained(db, tmp_path):
 
 
 def test_report_errors(tmp_path):
-    from dooly.errors import DoolyError
+    from dooly.core.errors import DoolyError
 
     with pytest.raises(DoolyError, match="no such profile database"):
         build_report(tmp_path / "none.db")
@@ -150,9 +150,9 @@ def test_vidur_export_layout(tmp_path, monkeypatch):
     """Rows per num_tokens / decode shape with Vidur's column names, times in ms from the profiles."""
     import csv
 
-    import dooly.profiler as profiler
-    import dooly.zoo as zoo
-    from dooly.signature import ModelTrace, OpRecord, Signature, TensorSpec
+    import dooly.core.zoo as zoo
+    import dooly.profile as profiler
+    from dooly.trace.signature import ModelTrace, OpRecord, Signature, TensorSpec
     from dooly.vidur_export import export_vidur
 
     def sig(op: str, shape: tuple) -> Signature:

@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from dooly.cli import app
+from dooly.core.errors import DoolyError
 from dooly.engines import DEFAULT_ENGINE, Engine, engine_names, get_engine, register_engine
 from dooly.engines.hf import HFEagerEngine
-from dooly.errors import DoolyError
 
 
 def test_default_engine_and_unknown_names() -> None:

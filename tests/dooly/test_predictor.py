@@ -9,20 +9,18 @@ import numpy as np
 import pytest
 from test_profile_fixtures import tiny_config, tiny_traces
 
-from dooly.batch import Batch
-from dooly.errors import DoolyError
-from dooly.predictor import (
+from dooly.core.batch import Batch
+from dooly.core.errors import DoolyError
+from dooly.predict.predictor import (
     OverheadModel,
     Predictor,
     SignatureModel,
-    ValidationRow,
     choose_method,
     fresh_output_bytes,
     holdout_errors,
     method_errors,
-    phase_mape,
-    round_spread,
 )
+from dooly.predict.validate import ValidationRow, phase_mape, round_spread
 
 
 def _law(v: dict) -> float:
@@ -116,7 +114,7 @@ def test_forward_is_the_sum_over_the_trace_with_multiplicities() -> None:
 
 
 def test_outputs_above_the_mmap_ceiling_pay_their_page_faults() -> None:
-    from dooly.profiler.timing import MMAP_MAX_BYTES
+    from dooly.profile.timing import MMAP_MAX_BYTES
 
     p = _predictor()
     cat = next(s for s in p.traces["decode"].unique() if s.op == "aten.cat.default")
@@ -209,10 +207,10 @@ def test_a_model_with_its_own_calibration_gets_its_own_overhead_fit(tmp_path: Pa
 
     from test_profile_fixtures import seed_traces
 
+    from dooly.db.store import Measurement, ProfileStore
     from dooly.engines import get_engine
-    from dooly.predictor import fit_overhead
-    from dooly.profiler import context_for
-    from dooly.store import Measurement, ProfileStore
+    from dooly.predict.predictor import fit_overhead
+    from dooly.profile import context_for
 
     db, engine = tmp_path / "p.db", get_engine()
     pts = {}
@@ -252,11 +250,11 @@ def test_half_depth_calibration_predicts_the_architecture_at_another_depth(tmp_p
 
     from test_profile_fixtures import ENGINE
 
+    from dooly.core.zoo import at_depth
+    from dooly.db.store import Measurement, ProfileStore
     from dooly.engines import get_engine
-    from dooly.predictor import fit_overhead
-    from dooly.profiler import context_for, trace_cache_key
-    from dooly.store import Measurement, ProfileStore
-    from dooly.zoo import at_depth
+    from dooly.predict.predictor import fit_overhead
+    from dooly.profile import context_for, trace_cache_key
 
     engine = get_engine()
     full = tiny_config("tiny-a", layers=4)

@@ -13,8 +13,8 @@ from test_profile_fixtures import seed_traces, tiny_config
 from typer.testing import CliRunner
 
 from dooly.cli import app
-from dooly.errors import DoolyError
-from dooly.zoo import resolve_model
+from dooly.core.errors import DoolyError
+from dooly.core.zoo import resolve_model
 
 runner = CliRunner()
 
@@ -53,12 +53,12 @@ def test_plan_profile_validate(configs, monkeypatch) -> None:
     with sqlite3.connect(db) as con:
         kept = con.execute("SELECT COUNT(*) FROM forwards WHERE model LIKE 'tiny-a#holdout%'").fetchone()[0]
     assert kept > 0
-    import dooly.profiler
+    import dooly.profile
 
     def no_measuring(*a, **k):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(dooly.profiler, "measure_forward", no_measuring)
+    monkeypatch.setattr(dooly.profile, "measure_forward", no_measuring)
     again = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp", "--keep"])
     assert again.exit_code == 0, again.output
     assert re.findall(r"MAPE prefill .*", again.output) == re.findall(r"MAPE prefill .*", res.output)
@@ -234,7 +234,7 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     assert res.exit_code == 0, res.output
     # zero new points: every signature only tiny-b needs is held out of the DB and of the fit, even if measured
     from dooly.engines import get_engine
-    from dooly.predictor import Predictor
+    from dooly.predict.predictor import Predictor
 
     held = Predictor.for_model(str(b), db, get_engine(), threads=1, method="interp", holdout=True, strict=False)
     predicted = {f.signature.op for fills in held.shape_predicted.values() for f in fills}
@@ -243,7 +243,7 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
 
 
 def test_budget_seconds_takes_the_least_certain_that_fit_after_the_uncovered() -> None:
-    from dooly.profiler.budget import ShapeTriage
+    from dooly.profile.budget import ShapeTriage
 
     tr = ShapeTriage(reused=set(), uncovered={"u"}, covered={"a": 9.0, "b": 5.0, "c": 1.0},
                      cost_s={"u": 2.0, "a": 4.0, "b": 10.0, "c": 3.0})  # fmt: skip
@@ -256,8 +256,8 @@ def test_budget_seconds_takes_the_least_certain_that_fit_after_the_uncovered() -
 
 def test_validate_says_when_the_machine_was_busy(configs, monkeypatch) -> None:
     """Rounds of the same shapes that land far apart get a note naming the cause; rounds that agree get none."""
-    import dooly.profiler
-    from dooly.store import Measurement
+    import dooly.profile
+    from dooly.db.store import Measurement
 
     db, a, _ = configs
     monkeypatch.setenv("DOOLY_THREADS", "1")
@@ -273,7 +273,7 @@ def test_validate_says_when_the_machine_was_busy(configs, monkeypatch) -> None:
             seen.add(key)
             return Measurement(s, s, s, 1, s)
 
-        monkeypatch.setattr(dooly.profiler, "measure_forward", fake_forward)
+        monkeypatch.setattr(dooly.profile, "measure_forward", fake_forward)
         res = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp"])
         assert res.exit_code == 0, res.output
         assert ("something else held the CPU" in res.output) is noted, res.output
@@ -305,9 +305,9 @@ def test_long_steps_print_a_line_at_least_once_a_minute_in_a_log(monkeypatch) ->
 
 
 def test_calibration_reports_each_shape(tmp_path: Path) -> None:
+    from dooly.db.store import ProfileStore
     from dooly.engines import get_engine
-    from dooly.profiler import calibrate, context_for
-    from dooly.store import ProfileStore
+    from dooly.profile import calibrate, context_for
 
     cfg = tiny_config("tiny-cal")
     shapes = {"prefill": [{"requests": 1, "tokens": 8}], "decode": [{"requests": 2, "kv_len": 16}]}
@@ -333,13 +333,13 @@ def test_calibration_reports_each_shape(tmp_path: Path) -> None:
 
 
 def test_profile_resolves_each_model_once(configs, monkeypatch) -> None:
-    import dooly.zoo
+    import dooly.core.zoo
 
     db, a, b = configs
     monkeypatch.setenv("DOOLY_THREADS", "1")
     looked_up: list[str] = []
-    load_config = dooly.zoo.load_config
-    monkeypatch.setattr(dooly.zoo, "load_config", lambda m: looked_up.append(str(m)) or load_config(m))
+    load_config = dooly.core.zoo.load_config
+    monkeypatch.setattr(dooly.core.zoo, "load_config", lambda m: looked_up.append(str(m)) or load_config(m))
     res = runner.invoke(app, ["profile", str(a), str(b), "--db", str(db), "--grid", "tiny", "--calibrate", "check"])
     assert res.exit_code == 0, res.output
     assert sorted(looked_up) == sorted([str(a), str(b)])

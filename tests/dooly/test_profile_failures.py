@@ -8,9 +8,9 @@ from pathlib import Path
 
 from test_profile_fixtures import seed_traces, tiny_config
 
+from dooly.db.store import ProfileStore
 from dooly.engines import get_engine
-from dooly.profiler import GridSpec, TimerConfig, make_plan, run_plan
-from dooly.store import ProfileStore
+from dooly.profile import GridSpec, TimerConfig, make_plan, run_plan
 
 FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
 

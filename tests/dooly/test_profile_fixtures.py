@@ -1,6 +1,6 @@
 """Hand-written traces of tiny llama configs, so profiler/predictor tests need not run the (slow) tracer.
 
-The signatures are spelled exactly as the tracer writes them (see dooly.signature); they are put in the
+The signatures are spelled exactly as the tracer writes them (see dooly.trace.signature); they are put in the
 store's trace cache under the key the profiler looks up, so ``make_plan`` finds them instead of tracing.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dooly.profiler import trace_cache_key
-from dooly.signature import ModelTrace, OpRecord, Signature, TensorSpec, canonical_json
-from dooly.store import ProfileStore
-from dooly.tracer import config_hash
+from dooly.db.store import ProfileStore
+from dooly.profile import trace_cache_key
+from dooly.trace.signature import ModelTrace, OpRecord, Signature, TensorSpec, canonical_json
+from dooly.trace.tracer import config_hash
 
 ENGINE = "hf-eager/cpu"
 
@@ -78,7 +78,7 @@ def tiny_traces(cfg: dict) -> dict[str, ModelTrace]:
 
 
 def seed_traces(db: Path, cfg: dict, dtype: str = "bfloat16") -> dict[str, ModelTrace]:
-    """Put the tiny traces in the store's trace cache (the key ``dooly.profiler.model_traces`` reads)."""
+    """Put the tiny traces in the store's trace cache (the key ``dooly.profile.model_traces`` reads)."""
     traces = tiny_traces(cfg)
     with ProfileStore(db) as st:
         for phase, tr in traces.items():

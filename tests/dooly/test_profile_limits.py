@@ -11,12 +11,12 @@ from test_profile_fixtures import seed_traces, tiny_config
 from typer.testing import CliRunner
 
 from dooly.cli import app
+from dooly.core.errors import DoolyError
+from dooly.core.zoo import at_depth, max_positions
+from dooly.db.store import ProfileStore
 from dooly.engines import get_engine
-from dooly.errors import DoolyError
-from dooly.predictor import Predictor
-from dooly.profiler import GridSpec, TimerConfig, context_for, make_plan, run_plan, shapes_within, trace_cache_key
-from dooly.store import ProfileStore
-from dooly.zoo import at_depth, max_positions
+from dooly.predict.predictor import Predictor
+from dooly.profile import GridSpec, TimerConfig, context_for, make_plan, run_plan, shapes_within, trace_cache_key
 
 FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
 runner = CliRunner()

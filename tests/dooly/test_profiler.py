@@ -11,12 +11,12 @@ import pytest
 import torch
 from test_profile_fixtures import seed_traces, tiny_config
 
+from dooly.core.errors import DoolyError
+from dooly.db.store import ProfileStore
 from dooly.engines import get_engine
-from dooly.errors import DoolyError
-from dooly.profiler import GridSpec, TimerConfig, evict_caches, make_plan, run_plan, savings, time_calls
-from dooly.profiler.runner import _fresh, _resident_storages
-from dooly.profiler.timing import PAGE_COST_KEY, _libc
-from dooly.store import ProfileStore
+from dooly.profile import GridSpec, TimerConfig, evict_caches, make_plan, run_plan, savings, time_calls
+from dooly.profile.runner import _fresh, _resident_storages
+from dooly.profile.timing import PAGE_COST_KEY, _libc
 
 FAST = TimerConfig(warmup=1, repeats=3, min_sample_s=0.0, max_inner=1, budget_s=0.05)
 GRID = GridSpec((1, 2), (1, 4), (1, 2), (4, 8))
@@ -52,7 +52,7 @@ def test_time_calls_stats() -> None:
 
 _REUSED_PAGES_CHECK = """
 import resource, torch
-from dooly.profiler.timing import MMAP_MAX_BYTES, PAGE_COST_KEY, measure_page_cost, reused_pages
+from dooly.profile.timing import MMAP_MAX_BYTES, PAGE_COST_KEY, measure_page_cost, reused_pages
 
 def faulted_share(nbytes):  # of an output allocated and filled in a loop, the share of its pages faulted per call
     for _ in range(2):
@@ -190,8 +190,8 @@ sys.path.insert(0, sys.argv[2])
 from test_profile_fixtures import tiny_config
 from test_profiler import _KILL_GRID
 from dooly.engines import get_engine
-from dooly.profiler import TimerConfig, make_plan, run_plan
-from dooly.store import ProfileStore
+from dooly.profile import TimerConfig, make_plan, run_plan
+from dooly.db.store import ProfileStore
 
 
 def on_job(job, stats):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from test_shape_model import TOKENS, mm, roofline
 
-from dooly.profiler import TimerConfig, time_calls
-from dooly.profiler import timing as timing_mod
-from dooly.profiler.savings import ModelSignatures, PointCost, estimate_costs, savings_of
-from dooly.signature import canonical_json
-from dooly.store import Measurement, ProfileContext, ProfileStore
+from dooly.db.store import Measurement, ProfileContext, ProfileStore
+from dooly.profile import TimerConfig, time_calls
+from dooly.profile import timing as timing_mod
+from dooly.profile.savings import ModelSignatures, PointCost, estimate_costs, savings_of
+from dooly.trace.signature import canonical_json
 
 
 @pytest.mark.parametrize("t", [1e-7, 3e-6, 5e-5, 2e-4, 0.1, 0.4, 2.0])
@@ -56,9 +56,9 @@ def test_an_unmeasured_large_signature_is_priced_by_its_predicted_latency(tmp_pa
 
 def _onboarding_db(tmp_path):
     """Two models sharing signature s2: "a" calibrated in full (both depths, two rounds), "b" only checked."""
-    from dooly.profiler.calibrate import CALIBRATION_SHAPES, CHECK_SHAPES, CHECK_SUFFIX
-    from dooly.profiler.savings import record_models
-    from dooly.profiler.traces import TRACE_SECONDS
+    from dooly.profile.calibrate import CALIBRATION_SHAPES, CHECK_SHAPES, CHECK_SUFFIX
+    from dooly.profile.savings import record_models
+    from dooly.profile.traces import TRACE_SECONDS
 
     ctx = ProfileContext("cpu-test", "hf-eager", "default", "bfloat16")
     store = ProfileStore(tmp_path / "p.db")

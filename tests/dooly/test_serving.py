@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from dooly import serving
 from dooly.engines import get_engine
 from dooly.engines.hf import HFEagerEngine
 from dooly.engines.hf_serving import HFExecutor
+from dooly.serve import serving
 from dooly.simulator import SchedulerConfig, Workload
 
 transformers = pytest.importorskip("transformers")
@@ -115,7 +115,7 @@ def test_sliding_window_models_are_refused():
         sliding_window=16,
     )
     model = _build(cfg)
-    from dooly.errors import DoolyError
+    from dooly.core.errors import DoolyError
 
     with pytest.raises(DoolyError, match="full-attention"):
         HFExecutor(model, 2, 64)
@@ -148,7 +148,7 @@ def test_real_runs_average_and_their_spread(tiny_model):
 
 
 def test_distribution_error_ignores_which_request_waited():
-    from dooly import stats
+    from dooly.core import stats
 
     measured = np.array([0.01, 0.02, 0.5, 0.9, 1.2])
     swapped = measured[[1, 0, 3, 2, 4]]  # the same latencies, handed to other requests

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from dooly.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, family_kinds_of, features, kind_of, work
-from dooly.signature import Signature, TensorSpec
+from dooly.db.shape_model import MIN_SIGNATURES, ShapeModel, coarse_kind_of, family_kinds_of, features, kind_of, work
+from dooly.trace.signature import Signature, TensorSpec
 
 MM_ARGS = '{"args":[{"tensor":0},{"tensor":1}],"kwargs":{}}'
 TOKENS = [1, 4, 16, 64, 256]

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from dooly.errors import DoolyError
-from dooly.signature import (
+from dooly.core.errors import DoolyError
+from dooly.trace.signature import (
     ModelTrace,
     OpRecord,
     Signature,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dooly.batch import Batch
-from dooly.errors import DoolyError
+from dooly.core.batch import Batch
+from dooly.core.errors import DoolyError
 from dooly.simulator import SchedulerConfig, Workload, generate_workload, simulate
 
 
@@ -178,7 +178,7 @@ TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_a
 
 
 def _zoo(name: str) -> dict:
-    from dooly.zoo import load_config
+    from dooly.core.zoo import load_config
 
     return load_config(name).config
 

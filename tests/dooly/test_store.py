@@ -14,8 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from dooly.errors import DoolyError
-from dooly.store import Measurement, ProfileContext, ProfileStore, canonical_point, hardware_fingerprint, open_readonly
+from dooly.core.errors import DoolyError
+from dooly.db.store import (
+    Measurement,
+    ProfileContext,
+    ProfileStore,
+    canonical_point,
+    hardware_fingerprint,
+    open_readonly,
+)
 
 CTX = ProfileContext(hardware="cpu:test:cores2:threads1", engine="hf-eager", backend="eager", dtype="float32")
 M = Measurement(median_s=1e-4, p10_s=9e-5, p90_s=1.2e-4, repeats=7, cost_s=2e-3)
@@ -77,7 +84,7 @@ def test_not_a_database_is_one_clear_error(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys, time
-from dooly.store import Measurement, ProfileContext, ProfileStore
+from dooly.db.store import Measurement, ProfileContext, ProfileStore
 ctx = ProfileContext(hardware="cpu:test:cores2:threads1")
 st = ProfileStore(sys.argv[1])
 st.register_signature(ctx, "s", "{}", grid_size=100000)
@@ -203,8 +210,8 @@ def test_damaged_rows_are_refused_at_open_naming_file_row_and_column(tmp_path: P
 
 _READER = """
 import sys
-from dooly.errors import DoolyError
-from dooly.store import ProfileContext, ProfileStore
+from dooly.core.errors import DoolyError
+from dooly.db.store import ProfileContext, ProfileStore
 ctx = ProfileContext(hardware="cpu:test:cores2:threads1")
 with ProfileStore(sys.argv[1], readonly=True) as st:
     print("read", len(st.points(ctx, "sigA")))
@@ -251,7 +258,7 @@ def test_a_db_in_a_readonly_directory_reads_and_says_why_it_cannot_be_written(tm
 
 _KILLED_AFTER_FIRST_WRITE = """
 import os, sys
-from dooly.store import ProfileStore
+from dooly.db.store import ProfileStore
 st = ProfileStore(sys.argv[1])
 st.put_trace("hf-eager/cpu", "m", "prefill", '{"records": []}')  # what a profile writes first, while tracing
 os._exit(9)  # killed: no close, no checkpoint

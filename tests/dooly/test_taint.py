@@ -6,8 +6,8 @@ import pytest
 import sympy
 import torch
 
-from dooly.errors import DoolyError
-from dooly.taint import Label, OpRecorder, RequestSymbols, render, render_guard
+from dooly.core.errors import DoolyError
+from dooly.trace.taint import Label, OpRecorder, RequestSymbols, render, render_guard
 
 
 def test_equal_dummy_values_stay_distinct_symbols_and_model_ints_stay_ints() -> None:

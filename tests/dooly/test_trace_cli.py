@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dooly.cli import app
-from dooly.errors import DoolyError
-from dooly.signature import traces_from_json
+from dooly.core.errors import DoolyError
+from dooly.trace.signature import traces_from_json
 
 runner = CliRunner()
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_tracer import OTHER_ARCHS, traced_and_real_ops
 
+from dooly.core.errors import DoolyError
 from dooly.engines import get_engine
-from dooly.errors import DoolyError
-from dooly.predictor import Predictor
-from dooly.signature import ModelTrace, eval_guard
-from dooly.tracer import trace_model
+from dooly.predict.predictor import Predictor
+from dooly.trace.signature import ModelTrace, eval_guard
+from dooly.trace.tracer import trace_model
 
 # gemma2 with a 64-token sliding window: past the window its cache keeps only the window, so the decode step's
 # ops change with kv_len (the branch torch records as the guard `kv_len >= 64`)
@@ -91,12 +91,12 @@ def test_plan_profile_and_predict_a_model_whose_code_branches(tmp_path) -> None:
     the predictor prices each request size with the branch traced for it."""
     from test_profiler import FAST, GRID
 
-    from dooly.profiler import make_plan, run_plan
+    from dooly.profile import make_plan, run_plan
 
     cfg = {**WINDOWED, "_name_or_path": "windowed"}
     engine = get_engine()
     db = tmp_path / "p.db"
-    from dooly.store import ProfileStore
+    from dooly.db.store import ProfileStore
 
     with ProfileStore(db) as st:
         plan = make_plan([cfg], st, engine, GRID, threads=1)

@@ -17,13 +17,13 @@ import torch  # noqa: E402
 from test_tracer import traced_and_real_ops  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from dooly.core.errors import DoolyError  # noqa: E402
+from dooly.core.zoo import resolve_model  # noqa: E402
+from dooly.db.store import ProfileStore  # noqa: E402
 from dooly.engines import RequestShape, get_engine  # noqa: E402
-from dooly.errors import DoolyError  # noqa: E402
-from dooly.profiler import GridSpec, make_plan, run_plan  # noqa: E402
-from dooly.profiler.runner import _Pool  # noqa: E402
-from dooly.store import ProfileStore  # noqa: E402
-from dooly.tracer import trace_model  # noqa: E402
-from dooly.zoo import resolve_model  # noqa: E402
+from dooly.profile import GridSpec, make_plan, run_plan  # noqa: E402
+from dooly.profile.runner import _Pool  # noqa: E402
+from dooly.trace.tracer import trace_model  # noqa: E402
 
 ATTENTION = "dooly_vllm.cpu_attention_with_kv_cache.default"
 
@@ -81,7 +81,7 @@ def test_a_step_runs_on_the_cache_its_prefill_filled_and_grows_a_block(engine, m
 
 
 def test_a_mixed_step_runs_decodes_and_a_later_prefill_chunk_in_one_forward(engine, model) -> None:  # type: ignore[no-untyped-def]
-    from dooly.batch import Batch
+    from dooly.core.batch import Batch
 
     inputs = engine.prepare_batch(model, Batch(prefill=((7, 130),), decode=(5, 300)))
     assert inputs["input_ids"].shape == (2 + 7,)  # one token per decode, then the chunk's new tokens

@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from dooly.batch import Batch
+from dooly.core.batch import Batch
+from dooly.core.errors import DoolyError
 from dooly.engines._reaper import session_pids
-from dooly.errors import DoolyError
 from dooly.simulator import (
     Workload,
     cpu_kv_blocks,
@@ -26,7 +26,7 @@ from dooly.simulator.memory import kv_layout
 
 VLLM_MISSING = None
 try:
-    from dooly.engines.vllm_serving import (
+    from dooly.serve.vllm_serving import (
         BenchRun,
         ServeConfig,
         VLLMServer,
@@ -69,7 +69,7 @@ class LinearLatency:
 def _smollm_config():
     from types import SimpleNamespace
 
-    from dooly.zoo import resolve_model
+    from dooly.core.zoo import resolve_model
 
     return SimpleNamespace(**resolve_model("smollm2-135m")[1])
 
@@ -154,7 +154,7 @@ def test_requests_admitted_out_of_order_are_simulated_in_that_order():
     scores = _admitted_scores(w, runs, LinearLatency(), cfg, runs[0].metrics, np.full(3, 0.02))
     assert scores["requests_out_of_order"] == [2, 2]
     assert scores["ttft_mape"] < 1e-6
-    from dooly import stats
+    from dooly.core import stats
 
     assert stats.mape(plain, ttft) > 30  # the same runs scored in arrival order
     runs[1].admitted = None
@@ -171,7 +171,8 @@ def test_model_dir_names_the_causal_lm_class(tmp_path):
 
 def test_a_model_whose_weights_and_kv_cache_do_not_fit_is_refused_before_the_server_starts(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    from dooly.engines import base, vllm_serving
+    from dooly.engines import base
+    from dooly.serve import vllm_serving
 
     monkeypatch.setattr(base, "free_memory_bytes", lambda device: 2 * 2**30)  # 1.8 GiB usable: not 0.25 + 2 GiB
     started = []

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 from dooly.simulator import generate_workload, load_workload, parse_workload
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dooly.errors import DoolyError
-from dooly.tracer import trace_model
-from dooly.zoo import list_models, load_config
+from dooly.core.errors import DoolyError
+from dooly.core.zoo import list_models, load_config
+from dooly.trace.tracer import trace_model
 
 ZOO = list_models()
 
@@ -90,7 +90,7 @@ def _empty_dir(root: Path) -> Path:
 
 
 def test_configs_past_the_bounds_are_refused_before_parsing_or_tracing(tmp_path: Path) -> None:
-    from dooly.zoo import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, SIZE_LIMITS, json_depth, resolve_model
+    from dooly.core.zoo import MAX_CONFIG_BYTES, MAX_JSON_DEPTH, SIZE_LIMITS, json_depth, resolve_model
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)  # json.loads: RecursionError
@@ -118,9 +118,9 @@ def test_configs_past_the_bounds_are_refused_before_parsing_or_tracing(tmp_path:
 
 
 def test_a_model_far_beyond_the_memory_is_refused_without_counting_it(monkeypatch) -> None:
+    from dooly.core.zoo import min_parameters
     from dooly.engines import base
     from dooly.engines.hf import HFEagerEngine
-    from dooly.zoo import min_parameters
 
     cfg = {**load_config("smollm2-135m").config, "num_hidden_layers": 1000, "hidden_size": 65536}
     assert min_parameters(cfg) > 1000 * 2 * 65536**2

@@ -1,6 +1,6 @@
 """The realistic model groups name zoo models, each once."""
 
-from dooly.zoo import REALISTIC_GROUPS, list_models, realistic_list
+from dooly.core.zoo import REALISTIC_GROUPS, list_models, realistic_list
 
 
 def test_realistic_groups_are_zoo_models_listed_once() -> None:

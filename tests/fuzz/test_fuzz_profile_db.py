@@ -78,11 +78,11 @@ def _env() -> dict[str, str]:
 
 def _build(db: Path, cfg: Path) -> None:
     """A profile DB as `dooly profile --grid tiny` writes it, with synthetic timings (no minutes of timing)."""
+    from dooly.core.zoo import resolve_model
+    from dooly.db.store import Measurement, ProfileStore
     from dooly.engines import get_engine
-    from dooly.profiler import GridSpec, context_for, model_traces
-    from dooly.signature import canonical_json
-    from dooly.store import Measurement, ProfileStore
-    from dooly.zoo import resolve_model
+    from dooly.profile import GridSpec, context_for, model_traces
+    from dooly.trace.signature import canonical_json
 
     engine = get_engine("hf-eager", device="cpu", dtype="bfloat16")
     ctx = context_for(engine, 1)

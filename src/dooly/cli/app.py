@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from atomicio import OutputPathError
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 
 app = typer.Typer(
     name="dooly",

@@ -129,7 +129,7 @@ _SAVINGS_COLS += ("profile s", "calibrate alone s", "calibrate s", "alone s", "w
 
 
 def _print_savings(plan, sv) -> None:  # type: ignore[no-untyped-def]
-    """The plan's onboarding cost per model (``sv``: :func:`dooly.profiler.savings` of the plan)."""
+    """The plan's onboarding cost per model (``sv``: :func:`dooly.profile.savings` of the plan)."""
     t = Table(title=f"onboarding plan ({plan.ctx.hardware}, {plan.ctx.engine}, {plan.ctx.dtype})")
     for col in _SAVINGS_COLS:
         t.add_column(col, justify="right" if col != "model" else "left")
@@ -148,8 +148,8 @@ def _print_savings(plan, sv) -> None:  # type: ignore[no-untyped-def]
 
 def _print_calibration(models: list[str], store, ctx, policy: str) -> None:  # type: ignore[no-untyped-def]
     """One line per model: the calibration it will take under ``policy``, and why."""
-    from dooly.profiler.calibrate import calibration_needs
-    from dooly.zoo import resolve_model
+    from dooly.core.zoo import resolve_model
+    from dooly.profile.calibrate import calibration_needs
 
     needs = calibration_needs(store, ctx, dict(resolve_model(m) for m in models), policy)
     out.print(f"calibration (--calibrate {policy}):")
@@ -180,8 +180,8 @@ def plan_cmd(
         resolved_once,
         traceable_models,
     )
-    from dooly.profiler import make_plan, savings
-    from dooly.store import ProfileStore
+    from dooly.db.store import ProfileStore
+    from dooly.profile import make_plan, savings
 
     calibration_policy(calibration)
     engine, threads = profiling_engine(engine_name, device, dtype, threads)
@@ -258,8 +258,8 @@ def profile_cmd(
 
 def _measure(name: str, pred, cfg, engine, keep_in: Path | None, **kw):  # type: ignore[no-untyped-def]
     """`validate`'s held-out forwards, with progress (stored in ``keep_in`` when given)."""
-    from dooly.predictor import validate_model
-    from dooly.store import ProfileStore
+    from dooly.db.store import ProfileStore
+    from dooly.predict.validate import validate_model
 
     err.print(f"measuring {name}")
     with _Steps(f"measuring {name}") as steps:
@@ -303,9 +303,9 @@ def validate_cmd(
     profiled (signatures no other model needs, and its calibration forwards, left out of every fit).
     """
     from dooly.api import profiling_engine, validation_predictors
-    from dooly.errors import DoolyError
-    from dooly.store import profile_command
-    from dooly.zoo import resolve_model
+    from dooly.core.errors import DoolyError
+    from dooly.core.zoo import resolve_model
+    from dooly.db.store import profile_command
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `{profile_command(model, db, model)}` first)")
@@ -328,9 +328,9 @@ def validate_cmd(
 
 def _print_method_errors(db: Path, engine, threads: int) -> None:  # type: ignore[no-untyped-def]
     """``--method auto``: the held-out grid-line MAPE of each predictor method over the DB's points."""
-    from dooly.predictor import method_errors
-    from dooly.profiler import context_for
-    from dooly.store import ProfileStore
+    from dooly.db.store import ProfileStore
+    from dooly.predict.predictor import method_errors
+    from dooly.profile import context_for
 
     with ProfileStore(db, readonly=True) as store:
         raw = store.all_points(context_for(engine, threads))
@@ -387,7 +387,7 @@ def _print_validation(name: str, rows, predictors, others) -> None:  # type: ign
 
 def _print_mapes(rows, others: dict[str, list[float]], shape: bool) -> None:  # type: ignore[no-untyped-def]
     """One MAPE line per predictor (``others``: its prediction for each row)."""
-    from dooly.predictor import phase_mape
+    from dooly.predict.validate import phase_mape
 
     for label, preds in others.items():
         scored = [dataclasses.replace(r, predicted_s=x) for r, x in zip(rows, preds, strict=True)]
@@ -400,7 +400,7 @@ def _print_mapes(rows, others: dict[str, list[float]], shape: bool) -> None:  # 
 
 def _print_spread(rows) -> None:  # type: ignore[no-untyped-def]
     """The rounds' run-to-run spread (the noise floor), and a note when the machine was too busy to trust."""
-    from dooly.predictor import round_spread
+    from dooly.predict.validate import round_spread
 
     spread = round_spread(rows)
     out.print(

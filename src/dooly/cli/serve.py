@@ -12,8 +12,8 @@ from rich.table import Table
 
 from dooly.api import load_latency_model, memory_model, sched_config, serving_latency_model, vllm_cpu_kv_blocks
 from dooly.cli.app import app
+from dooly.core.errors import DoolyError
 from dooly.engines import DEFAULT_ENGINE
-from dooly.errors import DoolyError
 
 out = Console()
 
@@ -244,11 +244,11 @@ def run_validation(
     """
     import numpy as np
 
+    from dooly.core.zoo import resolve_model
     from dooly.engines import get_engine
-    from dooly.serving import average_runs, compare, request_spread, serve
+    from dooly.serve.serving import average_runs, compare, request_spread, serve
     from dooly.simulator import CachedLatency, parse_workload
     from dooly.simulator import simulate as run_sim
-    from dooly.zoo import resolve_model
 
     w = parse_workload(workload)
     latency = CachedLatency(load_latency_model(model, db, dtype, threads, engine, device=device))
@@ -306,8 +306,8 @@ def run_vllm_validation(
     warmup_runs: int = 1,
 ) -> dict:
     """`validate-serving --engine vllm`: the real `vllm serve` under vLLM's load generator vs the simulator
-    running vLLM v1's scheduler (see :mod:`dooly.engines.vllm_serving`)."""
-    from dooly.engines.vllm_serving import ServeConfig, validate, vllm_available
+    running vLLM v1's scheduler (see :mod:`dooly.serve.vllm_serving`)."""
+    from dooly.serve.vllm_serving import ServeConfig, validate, vllm_available
     from dooly.simulator import CachedLatency, parse_workload
 
     why = vllm_available()
@@ -408,7 +408,7 @@ def validate_serving(
     device: str = typer.Option("cpu", "--device", help="hf-eager: cpu or cuda, as profiled (vLLM: its CPU backend)."),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
-    from dooly.profiler import default_threads
+    from dooly.profile import default_threads
     from dooly.report import save_result
 
     threads = threads if threads is not None else default_threads()
@@ -433,7 +433,7 @@ def validate_serving(
         out.print(f"result: {path}")
         return
     if clock is None:
-        from dooly.profiler import default_clock
+        from dooly.profile import default_clock
 
         clock = default_clock(device, threads)
     cfg = sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)

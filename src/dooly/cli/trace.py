@@ -28,11 +28,11 @@ def trace_cmd(
 ) -> None:
     """Run one dummy request per phase through the engine and print, per model, the operators it ran, its unique
     signatures and how many of them the other models given here share."""
+    from dooly.core.errors import DoolyError
+    from dooly.core.zoo import load_config
     from dooly.engines import get_engine
-    from dooly.errors import DoolyError
-    from dooly.signature import ModelTrace, traces_to_json
-    from dooly.tracer import trace_model
-    from dooly.zoo import load_config
+    from dooly.trace.signature import ModelTrace, traces_to_json
+    from dooly.trace.tracer import trace_model
 
     phases = ["prefill", "decode"] if phase == "both" else [phase]
     if any(p not in ("prefill", "decode", "chunk") for p in phases):
@@ -100,7 +100,7 @@ def trace_cmd(
 @app.command("zoo")
 def zoo_cmd() -> None:
     """List the model zoo (published architecture numbers; weights are random, nothing downloads)."""
-    from dooly.zoo import list_models
+    from dooly.core.zoo import list_models
 
     table = Table(title="dooly model zoo")
     cols = ("name", "family", "params (B)", "layers", "hidden", "heads/kv", "source")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dooly.core.errors import DoolyError
 from dooly.engines.base import Engine, Executor, RequestShape
-from dooly.errors import DoolyError
 
 DEFAULT_ENGINE = "hf-eager"
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dooly.errors import DoolyError
-from dooly.units import dtype_bytes, size
+from dooly.core.errors import DoolyError
+from dooly.core.units import dtype_bytes, size
 
 if TYPE_CHECKING:
-    from dooly.batch import Request, ScheduledBatch
+    from dooly.core.batch import Request, ScheduledBatch
 
 
 def fake_mode_active() -> bool:
@@ -63,7 +63,7 @@ def free_memory_bytes(device: str) -> int | None:
 
 @dataclass(frozen=True)
 class RequestShape:
-    """One forward pass over a uniform batch (see :mod:`dooly.signature` for the symbols).
+    """One forward pass over a uniform batch (see :mod:`dooly.trace.signature` for the symbols).
 
     ``requests`` sequences, each computing ``tokens`` new tokens on top of ``kv_len`` already-cached ones.
     Prefill: ``kv_len=0``; chunked prefill: ``kv_len>0, tokens>1``; decode: ``tokens=1``. The fields may be torch
@@ -105,7 +105,7 @@ class Engine(ABC):
 
     @property
     def engine_id(self) -> str:
-        """What executes the ops, as written into every :class:`~dooly.signature.Signature` (``"hf-eager/cpu"``)."""
+        """What executes the ops (``"hf-eager/cpu"``), written into every :class:`~dooly.trace.signature.Signature`."""
         return f"{self.name}/{self.device}"
 
     @abstractmethod
@@ -150,7 +150,7 @@ class Engine(ABC):
         if free is None:
             return
         dtype = getattr(self, "dtype", "float32")
-        from dooly.zoo import min_parameters
+        from dooly.core.zoo import min_parameters
 
         # a bound from the config first: counting builds the model on the meta device, itself slow and large for
         # a config far beyond the machine (thousands of layers)

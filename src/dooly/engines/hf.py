@@ -18,9 +18,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from dooly.core.errors import DoolyError, one_line
 from dooly.engines.base import Engine, RequestShape, fake_mode_active
 from dooly.engines.hf_compat import cache_kwarg
-from dooly.errors import DoolyError, one_line
 
 
 @contextmanager
@@ -96,12 +96,12 @@ class HFEagerEngine(Engine):
 
     def hf_config(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
         """A transformers ``PretrainedConfig`` from a config dict (``model_type`` selects the class); with
-        `num_layers`, of its first that many decoder layers (`dooly.zoo.at_depth`)."""
+        `num_layers`, of its first that many decoder layers (`dooly.core.zoo.at_depth`)."""
         from transformers import AutoConfig
 
         if num_layers is not None:
-            from dooly.zoo import at_depth
-            from dooly.zoo import num_layers as layers_of
+            from dooly.core.zoo import at_depth
+            from dooly.core.zoo import num_layers as layers_of
 
             total = layers_of(config) or self.hf_config(config).num_hidden_layers  # the class's default depth
             if not 1 <= num_layers <= total:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dooly.batch import Request, ScheduledBatch
+from dooly.core.batch import Request, ScheduledBatch
+from dooly.core.errors import DoolyError
 from dooly.engines.hf_compat import cache_kwarg
-from dooly.errors import DoolyError
 
 
 class HFExecutor:

@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dooly.batch import Batch
+from dooly.core.batch import Batch
+from dooly.core.errors import DoolyError, one_line
 from dooly.engines._tmpdirs import owned_tmpdir
 from dooly.engines.base import Engine, RequestShape
-from dooly.errors import DoolyError, one_line
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's per-build INFO lines would drown the CLI's output
 
@@ -295,7 +295,7 @@ class VLLMEngine(Engine):
 
     def _model_dir(self, config: Mapping[str, Any], num_layers: int | None) -> Path:
         """A model directory holding the config as vLLM reads it (``architectures`` from transformers' mapping)."""
-        from dooly.digest import config_hash
+        from dooly.core.digest import config_hash
         from dooly.engines.hf import causal_lm_architectures
 
         key = f"{config_hash(config)}-{num_layers}"

@@ -1,5 +1,5 @@
 """Simulator entities: the KV-cache block pool and the record of one iteration; a request's life through the
-replica and one scheduled iteration live in :mod:`dooly.batch` (the engines' executors run them too).
+replica and one scheduled iteration live in :mod:`dooly.core.batch` (the engines' executors run them too).
 
 A request's tokens are its prompt followed by what it has generated so far. ``computed`` counts the tokens
 whose keys/values are in the KV cache. A request is in *prefill* until every known token is computed (the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dooly.batch import Request, ScheduledBatch
+from dooly.core.batch import Request, ScheduledBatch
 
 
 class KVCache:

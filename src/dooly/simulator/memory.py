@@ -28,10 +28,10 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from dooly.core.errors import DoolyError
+from dooly.core.units import GIB, dtype_bytes, size
 from dooly.engines import Engine, get_engine
-from dooly.errors import DoolyError
 from dooly.simulator.scheduler import SchedulerConfig
-from dooly.units import GIB, dtype_bytes, size
 
 
 def _text_config(hf_config: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 from dooly.simulator.entities import Request
 from dooly.simulator.scheduler import ReplicaScheduler
 

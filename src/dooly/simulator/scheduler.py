@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 from dooly.simulator.entities import KVCache, Request, ScheduledBatch
 
 

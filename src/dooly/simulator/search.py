@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 from dooly.simulator.memory import MemoryModel
 from dooly.simulator.metrics import Summary
 from dooly.simulator.scheduler import SchedulerConfig

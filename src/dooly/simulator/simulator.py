@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from dooly.batch import Batch
-from dooly.errors import DoolyError
+from dooly.core.batch import Batch
+from dooly.core.errors import DoolyError
 from dooly.simulator.entities import IterationRecord, Request, ScheduledBatch
 from dooly.simulator.events import EventKind, EventQueue
 from dooly.simulator.metrics import RequestMetrics, Summary, summarize

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from atomicio import atomic_path
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 from dooly.simulator.entities import Request
 
 ARRIVAL_KEYS = ("arrival_time", "arrived_at", "arrival", "timestamp")

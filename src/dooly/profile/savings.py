@@ -4,14 +4,14 @@ Onboarding is tracing, operator profiling and calibration forwards (the real for
 needs), all three counted on both sides: alone, a model on an empty DB pays its tracing, all its operator points
 and a full calibration (no shared overhead fit exists yet); with reuse it pays its tracing, the points no earlier
 model profiled, and the calibration its policy took (``dooly profile --calibrate``: the full set, a check, or
-none). Tracing time is recorded from this version on (:data:`~dooly.profiler.traces.TRACE_SECONDS`); an older
+none). Tracing time is recorded from this version on (:data:`~dooly.profile.traces.TRACE_SECONDS`); an older
 DB counts it as 0 and the figure says so.
 
 ``dooly plan`` and ``dooly profile`` price their plan's models; ``dooly report`` prices the models the DB
 records as profiled (each model once, in the order first profiled: calibration rounds and held-out
 measurements are not models). Both dedup repeated layers within a model (as Vidur) and price a signature
 by its measured cost, or, where nothing is measured yet, by what profiling its planned points would cost:
-the shape model's predicted latency at each point (:mod:`dooly.shape_model`) through :class:`PointCost`
+the shape model's predicted latency at each point (:mod:`dooly.db.shape_model`) through :class:`PointCost`
 (the calls ``time_calls`` makes at that latency, plus a per-point overhead fitted on the DB). A large
 model's operators are slower, so its points cost more than the small models' mean; only a signature whose
 kind no shape model covers (or one the report cannot lay out on a grid) falls back to the DB's mean cost per
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dooly.profiler.plan import Plan
-from dooly.profiler.timing import TimerConfig
-from dooly.profiler.traces import trace_seconds
-from dooly.signature import Signature
-from dooly.store import ProfileContext, ProfileStore, canonical_point
+from dooly.db.store import ProfileContext, ProfileStore, canonical_point
+from dooly.profile.plan import Plan
+from dooly.profile.timing import TimerConfig
+from dooly.profile.traces import trace_seconds
+from dooly.trace.signature import Signature
 
 # the record of profiled models lives in the traces table, under this engine key, one row per context
 _RECORD = ("profiled", "models")
@@ -213,7 +213,7 @@ class _Onboarding:
     of calibration to profiling."""
 
     def __init__(self, store: ProfileStore, ctx: ProfileContext, profile_alone: Callable[[ModelSignatures], float]):
-        from dooly.profiler.calibrate import CHECK_SHAPES, CHECK_SUFFIX
+        from dooly.profile.calibrate import CHECK_SHAPES, CHECK_SUFFIX
 
         self.store, self.ctx, self.estimated, self.unpriced = store, ctx, 0, 0
         self.forwards: dict[str, dict[tuple[str, str, str], float]] = {}
@@ -288,7 +288,7 @@ _CHECK_FALLBACK_RATIO = 18.0
 class PointCost:
     """Device seconds to profile one point of an op whose call takes ``t`` seconds: ``c0 + c1·(n(t) + 1)·t``.
 
-    ``n(t)`` is the calls :func:`~dooly.profiler.timing.time_calls` makes (warm-up, then repeats of an inner
+    ``n(t)`` is the calls :func:`~dooly.profile.timing.time_calls` makes (warm-up, then repeats of an inner
     loop of at least ``min_sample_s``, the repeats cut once the point has cost ``budget_s``); the ``+ 1`` is
     the forward that sets up the job's context, which runs each op it profiles about once. ``c0`` (inputs
     materialised, the rest of the setup) and ``c1`` are fitted on the DB's measured points."""
@@ -332,7 +332,7 @@ def estimate_costs(
     """Predicted profiling cost of each ``{key: (signature, its grid points)}``: the shape model's latency at
     every point, priced by :class:`PointCost`; both fitted on the DB (less ``exclude``). A signature whose kind
     no shape model covers is left out (the caller prices it at the mean cost per point)."""
-    from dooly.shape_model import ShapeModel, signatures_of
+    from dooly.db.shape_model import ShapeModel, signatures_of
 
     raw = {k: v for k, v in store.all_points(ctx).items() if k not in set(exclude)}
     complete = store.complete_keys(ctx)

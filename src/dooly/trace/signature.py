@@ -1,6 +1,6 @@
 """Operator signatures: what one aten call computes, written in request symbols and model constants.
 
-The tracer (:mod:`dooly.tracer`) runs one dummy request through an engine and records every aten operator
+The tracer (:mod:`dooly.trace.tracer`) runs one dummy request through an engine and records every aten operator
 the engine dispatches. Each integer that reaches a shape or an argument carries its provenance:
 
 * **MODEL** integers come from the model config (hidden size, heads, vocab, ...). They are written as plain
@@ -75,7 +75,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 
 #: The request / engine-limit symbols an expression may use, with what they mean.
 REQUEST_SYMBOLS: dict[str, str] = {

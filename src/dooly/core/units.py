@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 
 GIB = 2**30
 FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2")

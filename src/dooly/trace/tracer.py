@@ -2,10 +2,10 @@
 
 ``trace_model(config, phase)`` builds the model from its config under a ``FakeTensorMode`` (weights cost no
 memory, so 8B and MoE models trace on a laptop), asks the engine to prepare one forward pass whose request sizes
-are symbolic (:class:`dooly.taint.RequestSymbols`), and runs the engine's ``forward`` with an
-:class:`~dooly.taint.OpRecorder` on top. The engine's own eager code runs op by op -- masks, rotary embeddings,
+are symbolic (:class:`dooly.trace.taint.RequestSymbols`), and runs the engine's ``forward`` with an
+:class:`~dooly.trace.taint.OpRecorder` on top. The engine's own eager code runs op by op -- masks, rotary embeddings,
 grouped-query ``repeat_kv``, the sdpa kernel the CPU backend picks, the KV cache's ``cat`` -- and each op is
-written as a :class:`~dooly.signature.Signature` whose sizes are ints (model constants) or expressions over
+written as a :class:`~dooly.trace.signature.Signature` whose sizes are ints (model constants) or expressions over
 ``requests``, ``tokens``, ``kv_len``.
 
 Phases: ``prefill`` (``requests`` x ``tokens`` new tokens, empty cache), ``decode`` (``requests`` sequences
@@ -17,7 +17,7 @@ so the engine takes the branches of such a batch (e.g. a causal sdpa without a m
 the trace's ``guards`` list the conditions on request sizes it relied on (e.g. ``kv_len < 4095`` against a
 sliding window of 4096).
 
-There is no per-architecture code here, in :mod:`dooly.taint` or in :mod:`dooly.engines`: a model is its config.
+There is no per-architecture code here, in :mod:`dooly.trace.taint` or in :mod:`dooly.engines`: a model is its config.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import UnsupportedOperatorException
 
-from dooly.digest import config_hash
+from dooly.core.digest import config_hash
+from dooly.core.errors import DoolyError, one_line
 from dooly.engines import Engine, RequestShape, get_engine
-from dooly.errors import DoolyError, one_line
-from dooly.signature import PHASES, ModelTrace, OpRecord, layer_of
-from dooly.taint import OpRecorder, RequestSymbols, SpecialisedError, render_guard
+from dooly.trace.signature import PHASES, ModelTrace, OpRecord, layer_of
+from dooly.trace.taint import OpRecorder, RequestSymbols, SpecialisedError, render_guard
 
 #: Dummy request values. Any values >= 2 give the same signatures (they only steer guards); they are distinct
 #: so a reader of a raw trace can tell them apart, and kv_len is a realistic mid-generation length.
@@ -126,7 +126,7 @@ def trace_model(
     """
     if phase not in PHASES:
         raise DoolyError(f"unknown phase {phase!r} (expected one of {', '.join(PHASES)})")
-    from dooly.zoo import check_sizes
+    from dooly.core.zoo import check_sizes
 
     # time and memory grow with the layers traced: a config far beyond any model is refused, not run for hours
     check_sizes(config, str(name or config.get("_name_or_path") or config.get("model_type")))
@@ -319,7 +319,7 @@ def _explore(
     size (:func:`_candidates`, refined to each guard's threshold) lies where some branch's guards all hold.
     Each branch keeps, as its ``guards``, those that fail somewhere among the candidates (the others hold for
     every size tried: they say nothing about where the branch applies)."""
-    from dooly.zoo import max_positions
+    from dooly.core.zoo import max_positions
 
     ev = _Guards()
     cands = _candidates(values, max_positions(config))

@@ -5,7 +5,7 @@ Labels
 * ``MODEL``: a plain Python ``int``. Config numbers (hidden size, heads, vocab, ...) enter the model as ints and
   stay ints through every shape computation.
 * ``REQUEST``: a torch ``SymInt`` whose sympy expression is over the request symbols (``requests``, ``tokens``,
-  ``kv_len``; see :mod:`dooly.signature`). The tracer creates one fresh symbol per request quantity inside a
+  ``kv_len``; see :mod:`dooly.trace.signature`). The tracer creates one fresh symbol per request quantity inside a
   ``ShapeEnv`` (with duck sizing off, so two quantities that happen to have the same dummy value are still two
   symbols) and feeds the engine tensors whose sizes are those symbols.
 * ``MIXED``: a ``SymInt`` whose expression mixes both (``4096*tokens``): arithmetic on a SymInt with an int
@@ -48,8 +48,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from dooly.errors import DoolyError
-from dooly.signature import REQUEST_SYMBOLS, Dim, Signature, TensorSpec, canonical_json
+from dooly.core.errors import DoolyError
+from dooly.trace.signature import REQUEST_SYMBOLS, Dim, Signature, TensorSpec, canonical_json
 
 
 class Label(enum.Enum):
@@ -61,7 +61,7 @@ class Label(enum.Enum):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# sympy -> expression string (the grammar of dooly.signature)
+# sympy -> expression string (the grammar of dooly.trace.signature)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -141,7 +141,7 @@ _REL = {
 
 def render_guard(expr: sympy.Basic) -> str:
     """A guard (relational over request symbols, or an ``and`` / ``or`` of them) as ``<symbolic part> <op>
-    <constant>`` in the expression grammar (:func:`dooly.signature.eval_guard` evaluates it); DoolyError if
+    <constant>`` in the expression grammar (:func:`dooly.trace.signature.eval_guard` evaluates it); DoolyError if
     it has no such form."""
     name = type(expr).__name__
     if name in ("Or", "And"):

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from dooly.core.errors import DoolyError
 from dooly.engines import _reaper
 from dooly.engines._tmpdirs import owned_tmpdir
-from dooly.errors import DoolyError
 from dooly.simulator.metrics import RequestMetrics
 from dooly.simulator.workload import Workload
 
@@ -70,8 +70,8 @@ def cpu_serving_dtype() -> str:
 
 def write_model_dir(model: str, dest: str | Path) -> tuple[str, Path]:
     """A directory vLLM can load with dummy weights: MODEL's config (zoo name or config path) as config.json."""
+    from dooly.core.zoo import resolve_model
     from dooly.engines.hf import causal_lm_architectures
-    from dooly.zoo import resolve_model
 
     name, cfg = resolve_model(model)
     dest = Path(dest)
@@ -286,7 +286,7 @@ class VLLMServer:
         from vllm.benchmarks.datasets import SampleRequest
         from vllm.benchmarks.serve import TaskType, benchmark
 
-        from dooly.zoo import resolve_model
+        from dooly.core.zoo import resolve_model
 
         vocab = int(_text_cfg(resolve_model(self.model)[1]).get("vocab_size", 32000))
         rng = np.random.default_rng(seed)
@@ -452,8 +452,8 @@ def validate(
     decode iteration each request typically rode (vLLM reports no iteration timings; its client sees one
     streamed chunk per iteration). The runs' spread on each is the noise floor printed beside it.
     `warmup_runs` serve the workload first and are not scored (each run's p50s are kept either way)."""
-    from dooly import stats
-    from dooly.serving import average_runs, request_rows, request_spread
+    from dooly.core import stats
+    from dooly.serve.serving import average_runs, request_rows, request_spread
     from dooly.simulator import simulate, vllm_v1_config
 
     cfg = vllm_v1_config(config.max_num_seqs, config.max_num_batched_tokens, config.block_size, num_kv_blocks)
@@ -502,8 +502,8 @@ def validate(
 
 def _check_servable(model: str, workload: Workload, config: ServeConfig) -> None:
     """Refuse, before starting a server, a workload longer than ``max_model_len`` or weights too large."""
+    from dooly.core.zoo import resolve_model
     from dooly.engines.hf import HFEagerEngine
-    from dooly.zoo import resolve_model
 
     longest = int((workload.prompt + workload.output).max())
     if longest > config.max_model_len:
@@ -546,7 +546,7 @@ def _admitted_scores(
     (`in_admission_order`), each request's figure the median over the runs as measured: what the simulator
     misses once the front end's order of near-simultaneous requests is taken from the run. None where a run's
     order is not in the server's log."""
-    from dooly import stats
+    from dooly.core import stats
     from dooly.simulator import simulate
 
     if not runs or any(r.admitted is None for r in runs):

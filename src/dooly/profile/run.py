@@ -1,5 +1,5 @@
-"""Running a plan: every job in this process (:class:`~dooly.profiler.runner.JobRunner`) or as Ray tasks
-(:mod:`dooly.profiler.cluster`), then marking the signatures it completed and the models it profiled."""
+"""Running a plan: every job in this process (:class:`~dooly.profile.runner.JobRunner`) or as Ray tasks
+(:mod:`dooly.profile.cluster`), then marking the signatures it completed and the models it profiled."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dooly.db.store import ProfileStore
 from dooly.engines import Engine
-from dooly.profiler.cluster import run_on_ray
-from dooly.profiler.plan import Job, Plan
-from dooly.profiler.runner import JobRunner
-from dooly.profiler.savings import record_profiled
-from dooly.profiler.timing import PAGE_COST_KEY, TimerConfig, clock_of, fixed_threads, measure_page_cost
-from dooly.store import ProfileStore
+from dooly.profile.cluster import run_on_ray
+from dooly.profile.plan import Job, Plan
+from dooly.profile.runner import JobRunner
+from dooly.profile.savings import record_profiled
+from dooly.profile.timing import PAGE_COST_KEY, TimerConfig, clock_of, fixed_threads, measure_page_cost
 
 
 def _finish(plan: Plan, store: ProfileStore) -> int:

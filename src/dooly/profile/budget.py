@@ -1,14 +1,14 @@
 """What a plan can leave to the shape model: exact reuse, prediction from shape alone, or measurement.
 
 Each signature a plan would profile (new: neither complete in the DB nor needed by an earlier model of the
-list) is either **covered** by the shape model fitted on the DB's points (:mod:`dooly.shape_model`: its
+list) is either **covered** by the shape model fitted on the DB's points (:mod:`dooly.db.shape_model`: its
 operator kind has a model) or not. ``dooly profile --budget N`` measures every uncovered signature and, of
 the covered ones, the ``N`` that contribute most uncertainty to the models' forwards: relative prediction
 interval x predicted seconds (mean over its grid) x how often the passes run it. The rest are predicted
 from shape (``dooly validate --shape``). ``--budget-seconds S`` caps device time instead of a count: the
 uncovered signatures are measured first, then covered ones in the same order while their predicted
 profiling cost (the shape model's latency at each planned point, priced by
-:class:`~dooly.profiler.savings.PointCost`) still fits in S.
+:class:`~dooly.profile.savings.PointCost`) still fits in S.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from dooly.profiler.plan import Plan
-from dooly.profiler.savings import PointCost
-from dooly.shape_model import ShapeModel, signatures_of
-from dooly.store import ProfileStore
+from dooly.db.shape_model import ShapeModel, signatures_of
+from dooly.db.store import ProfileStore
+from dooly.profile.plan import Plan
+from dooly.profile.savings import PointCost
 
 
 @dataclass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dooly.errors import DoolyError
-from dooly.profiler.plan import Job
-from dooly.profiler.runner import JobRunner
-from dooly.profiler.timing import TimerConfig, context_for, fixed_threads
-from dooly.store import ProfileStore
+from dooly.core.errors import DoolyError
+from dooly.db.store import ProfileStore
+from dooly.profile.plan import Job
+from dooly.profile.runner import JobRunner
+from dooly.profile.timing import TimerConfig, context_for, fixed_threads
 
 
 def _ray_job(job: Job, db_path: str, engine_spec: dict[str, Any], timer: TimerConfig, threads: int | None) -> float:

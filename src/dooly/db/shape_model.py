@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dooly.signature import Signature
+from dooly.trace.signature import Signature
 
 #: A kind needs this many profiled signatures for a model (leave-one-signature-out needs two to say anything).
 MIN_SIGNATURES = 2

@@ -17,17 +17,16 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 
-from dooly import stats
-from dooly.batch import Batch
-from dooly.errors import DoolyError
-from dooly.signature import contiguous_stride
+from dooly.core.batch import Batch
+from dooly.core.errors import DoolyError
+from dooly.trace.signature import contiguous_stride
 
 
 def _feat(x: np.ndarray | float) -> np.ndarray:
@@ -344,7 +343,7 @@ class Predictor:
         # filled by for_model(shape=True): per pass, the signatures predicted from shape alone (never measured)
         self.shape_predicted: dict[str, list[ShapeFill]] = {}
         # seconds per byte of fresh pages (set by for_model from the DB on a CPU: the op profiles leave them
-        # out, see dooly.profiler.timing.reused_pages), and per pass the signatures whose outputs can need them
+        # out, see dooly.profile.timing.reused_pages), and per pass the signatures whose outputs can need them
         self.page_cost_s_per_byte = 0.0
         self._large_outputs: dict[str, list[tuple[object, int]]] = {}
 
@@ -405,17 +404,17 @@ class Predictor:
         ``strict``: refuse when a signature of the model is not completely profiled (else a missing one counts
         as zero and a partial grid is filled from its nearest measured points).
         ``shape``: predict a signature without a complete profile from the shape model of its operator kind
-        (:mod:`dooly.shape_model`; listed in ``shape_predicted``); one whose kind has no model is still missing.
+        (:mod:`dooly.db.shape_model`; listed in ``shape_predicted``); one whose kind has no model is still missing.
         ``holdout``: predict the model as if it had never been profiled (zero new points): the signatures no
         other profiled model needs are left out of the DB and of the shape fit, and the model's calibration
         forwards out of the overhead fit. Implies ``shape``.
         ``unmeasured``: signatures treated as never profiled (what ``dooly profile --budget`` would have left
         to the shape model), predicted from shape. Implies ``shape``.
         """
+        from dooly.core.zoo import resolve_model
+        from dooly.db.store import ProfileStore
         from dooly.engines import get_engine
-        from dooly.profiler import context_for, default_threads, model_traces
-        from dooly.store import ProfileStore
-        from dooly.zoo import resolve_model
+        from dooly.profile import context_for, default_threads, model_traces
 
         if method != "auto" and method not in PREDICTOR_METHODS:
             raise DoolyError(f"unknown predictor method {method!r} (known: auto, {', '.join(PREDICTOR_METHODS)})")
@@ -496,7 +495,7 @@ class Predictor:
         ``phase`` is a pass key (:meth:`branch_key`)."""
         if not self.page_cost_s_per_byte:
             return 0.0
-        from dooly.profiler.timing import MMAP_MAX_BYTES
+        from dooly.profile.timing import MMAP_MAX_BYTES
 
         if phase not in self._large_outputs:
             self._large_outputs[phase] = [
@@ -567,7 +566,7 @@ class Predictor:
 
 def _flat_kv_base() -> int:
     """The smallest decode KV length of the default profiling grid (below it a decode pass is not profiled)."""
-    from dooly.profiler import GridSpec  # on use, as in for_model: the profiler package pulls in the engines
+    from dooly.profile import GridSpec  # on use, as in for_model: the profiler package pulls in the engines
 
     return min(GridSpec().decode_kv_len)
 
@@ -575,7 +574,7 @@ def _flat_kv_base() -> int:
 def page_cost(store, ctx) -> float:  # type: ignore[no-untyped-def]
     """Seconds per byte of fresh pages on the machine of ``ctx`` (0 where ``dooly profile`` measured none:
     a GPU, a DB profiled on a Ray cluster)."""
-    from dooly.profiler.timing import PAGE_COST_KEY
+    from dooly.profile.timing import PAGE_COST_KEY
 
     rows = store.forwards(ctx, PAGE_COST_KEY[0])
     return rows[0][3].median_s / rows[0][2]["bytes"] if rows else 0.0
@@ -592,7 +591,7 @@ def _require_holdout_covered(store, ctx, traces, pts_model, name: str, db_path) 
     n = sum(1 for k in _signature_keys(traces) if not pts_model.get(k))
     if not n:
         return
-    from dooly.profiler.savings import profiled_models
+    from dooly.profile.savings import profiled_models
 
     if not any(m.name != name for m in profiled_models(store, ctx)):
         raise DoolyError(
@@ -609,7 +608,7 @@ def _require_holdout_covered(store, ctx, traces, pts_model, name: str, db_path) 
 def _require_complete(traces, points, complete, name, model, db_path, hardware) -> None:  # type: ignore[no-untyped-def]
     """Refuse a model with a signature that has no profile, or one whose planned grid is not all stored."""
     keys = _signature_keys(traces)
-    from dooly.store import profile_command
+    from dooly.db.store import profile_command
 
     again = profile_command(model, db_path, name)
     missing = sum(1 for k in keys if not points.get(k))
@@ -666,7 +665,7 @@ def fit_overhead(
     ``signatures`` (its architecture at another depth or under another name), else on every model in the DB
     (``exclude``: a model whose forwards are left out, to predict it as if it had never run here).
     """
-    from dooly.profiler import model_traces
+    from dooly.profile import model_traces
 
     rows: dict[str, list] = {}  # model -> its rows (every calibration round and depth of it)
     cost = page_cost(store, ctx)
@@ -707,7 +706,7 @@ def fit_overhead(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Signatures predicted from shape alone (dooly.shape_model)
+# Signatures predicted from shape alone (dooly.db.shape_model)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -724,7 +723,7 @@ class ShapeFill:
 
 def own_signatures(store, ctx, name: str, traces: Mapping[str, object]) -> set[str]:  # type: ignore[no-untyped-def]
     """The signatures of ``name`` that no other model profiled into the DB needs: what profiling it added."""
-    from dooly.profiler.savings import profiled_models
+    from dooly.profile.savings import profiled_models
 
     others = {k for m in profiled_models(store, ctx) if m.name != name for k in m.points}
     return _signature_keys(traces) - others
@@ -734,9 +733,9 @@ def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignor
     """Shape-model points for every signature of ``traces`` not in ``measured``, on the default grid within the
     model's positions: ``({phase: [ShapeFill]}, {key: [(values, seconds)]})``. The shape model is fitted on
     ``measured`` less ``exclude``; a signature whose kind it does not cover is left out (still missing)."""
-    from dooly.profiler.plan import GridSpec
-    from dooly.shape_model import ShapeModel, signatures_of
-    from dooly.zoo import max_positions
+    from dooly.core.zoo import max_positions
+    from dooly.db.shape_model import ShapeModel, signatures_of
+    from dooly.profile.plan import GridSpec
 
     model = ShapeModel.fit(signatures_of(store, ctx, measured), measured, exclude)
     grid = GridSpec().within(max_positions(config))
@@ -763,120 +762,3 @@ def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignor
 def _branch_keys(phase: str, trace: object) -> list[str]:
     """Keys of a phase's passes: the phase for the trace itself, ``phase/i`` for its i-th side."""
     return [phase] + [f"{phase}/{i}" for i in range(1, len(trace.branches()))]  # type: ignore[attr-defined]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Validation against real forwards
-# ---------------------------------------------------------------------------------------------------------
-
-#: Held-out shapes: on neither the profiling grid nor the calibration shapes.
-VALIDATION_SHAPES: dict[str, list[dict[str, int]]] = {
-    "prefill": [
-        {"requests": 1, "tokens": 24},
-        {"requests": 1, "tokens": 48},
-        {"requests": 1, "tokens": 96},
-        {"requests": 1, "tokens": 200},
-        {"requests": 3, "tokens": 40},
-    ],
-    "decode": [
-        {"requests": 1, "kv_len": 40},
-        {"requests": 3, "kv_len": 100},
-        {"requests": 6, "kv_len": 300},
-        {"requests": 12, "kv_len": 700},
-        {"requests": 24, "kv_len": 150},
-    ],
-}
-
-
-@dataclass
-class ValidationRow:
-    phase: str
-    values: dict[str, int]
-    measured_s: float  # median over the rounds' medians
-    predicted_s: float
-    rounds_s: tuple[float, ...] = ()  # each round's median, rounds taken minutes apart
-
-    @property
-    def error(self) -> float:
-        return abs(self.predicted_s - self.measured_s) / self.measured_s
-
-    @property
-    def spread(self) -> float:
-        """How far this shape's rounds landed apart, relative to their mean (0 with one round)."""
-        if len(self.rounds_s) < 2:
-            return 0.0
-        return stats.spread_pct(np.array(self.rounds_s)[:, None]) / 100
-
-
-def validate_model(
-    predictor: Predictor,
-    config: Mapping[str, object],
-    engine: object,
-    shapes: Mapping[str, list[dict[str, int]]] | None = None,
-    threads: int | None = None,
-    repeats: int = 5,
-    store: object | None = None,
-    rounds: int = 2,
-    on_step: Callable[[int, int, str], None] | None = None,
-) -> list[ValidationRow]:
-    """Measure real forwards at held-out shapes and pair them with the predictor's figures.
-
-    Every shape is measured in ``rounds`` interleaved rounds (all shapes, then all again), so a slow drift of
-    the machine shows as each row's ``spread``: a prediction cannot be expected to agree with a measurement
-    better than two measurements of the same pass agree with each other (:func:`round_spread`).
-    With a ``store`` the measurements are kept (as models ``"<name>#holdout"``, ``"<name>#holdout2"``, ...,
-    which the overhead fit never reads) and reused by the next call, so predictor changes can be re-scored
-    without re-measuring. ``on_step(done, total, what)`` follows the forwards (progress for the CLI).
-    """
-    import torch
-
-    from dooly.profiler import context_for, default_clock, fixed_threads, measure_forward, shapes_within
-    from dooly.store import canonical_point
-    from dooly.zoo import max_positions
-
-    shapes = shapes_within(shapes or VALIDATION_SHAPES, max_positions(config))
-    clock = default_clock(engine.device, threads)  # type: ignore[attr-defined]
-    keys = [f"{predictor.name}#holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
-    ctx = context_for(engine, threads) if store is not None else None  # type: ignore[arg-type]
-    have: dict[tuple[str, str, str], object] = {}
-    if store is not None:
-        for key in keys:
-            for _, ph, v, m in store.forwards(ctx, key):  # type: ignore[attr-defined]
-                have[(key, ph, canonical_point(v))] = m
-    model = None
-    medians: dict[tuple[str, str], list[float]] = {}
-    step, done, total = on_step or (lambda d, t, w: None), 0, len(keys) * sum(len(vs) for vs in shapes.values())
-    with fixed_threads(threads):
-        for key in keys:
-            for phase, vs in shapes.items():
-                for v in vs:
-                    step(done, total, f"{phase} " + " ".join(f"{k}={x}" for k, x in v.items()))
-                    done += 1
-                    m = have.get((key, phase, canonical_point(v)))
-                    if m is None:
-                        if model is None:
-                            torch.manual_seed(0)
-                            model = engine.build_model(config)  # type: ignore[attr-defined]
-                        m = measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
-                        if store is not None:
-                            store.put_forward(ctx, key, phase, v, m)  # type: ignore[attr-defined]
-                    medians.setdefault((phase, canonical_point(v)), []).append(m.median_s)  # type: ignore[attr-defined]
-    step(total, total, "done")
-    rows = []
-    for phase, vs in shapes.items():
-        for v in vs:
-            rs = tuple(medians[(phase, canonical_point(v))])
-            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predictor.forward_latency(phase, v), rs))
-    return rows
-
-
-def phase_mape(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
-    """Forward-latency MAPE (%) of the predictor over the validation rows of one phase (all when None)."""
-    sel = [r for r in rows if phase is None or r.phase == phase]
-    return stats.mape([r.predicted_s for r in sel], [r.measured_s for r in sel])
-
-
-def round_spread(rows: Sequence[ValidationRow], phase: str | None = None) -> float:
-    """Mean spread (%) between the measurement rounds of the same shapes: the machine's noise floor."""
-    sel = [r.spread for r in rows if (phase is None or r.phase == phase) and len(r.rounds_s) > 1]
-    return float(np.mean(sel)) * 100 if sel else float("nan")

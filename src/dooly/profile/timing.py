@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dooly.db.store import Measurement, ProfileContext, hardware_fingerprint
 from dooly.engines import Engine, RequestShape
-from dooly.store import Measurement, ProfileContext, hardware_fingerprint
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def _libc() -> Any:
 def reused_pages() -> Iterator[None]:
     """While timing one op in a loop: serve every allocation from the heap and keep freed memory there, so
     no call pays page faults for its output (the predictor adds those where the model pays them: outputs
-    above :data:`MMAP_MAX_BYTES`; see ``dooly.predictor``). On leaving, glibc is left in its steady state
+    above :data:`MMAP_MAX_BYTES`; see ``dooly.predict.predictor``). On leaving, glibc is left in its steady state
     (threshold at its 32 MiB ceiling, trimming at twice that), not in whatever state the process had reached.
     """
     libc = _libc()

@@ -1,6 +1,6 @@
 """Running one job of a plan: an engine-built forward context, materialised inputs, timing, commit per point.
 
-:func:`dooly.profiler.run.run_plan` runs a whole plan's jobs, in-process or on a Ray cluster.
+:func:`dooly.profile.run.run_plan` runs a whole plan's jobs, in-process or on a Ray cluster.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dooly.core.errors import DoolyError
+from dooly.db.store import Measurement, ProfileContext, ProfileStore
 from dooly.engines import Engine, RequestShape
-from dooly.errors import DoolyError
-from dooly.profiler.plan import Job
-from dooly.profiler.timing import (
+from dooly.profile.plan import Job
+from dooly.profile.timing import (
     CLOCKS,
     TimerConfig,
     clock_of,
     reused_pages,
     time_calls,
 )
-from dooly.signature import Signature, TensorSpec, contiguous_stride
-from dooly.store import Measurement, ProfileContext, ProfileStore
+from dooly.trace.signature import Signature, TensorSpec, contiguous_stride
 
 _ROTATE_BYTES = 96 * 2**20  # > 2x a server L3: a rotated weight is never cache-hot, as in a real forward
 _ROTATE_MIN_TENSOR = 256 * 2**10

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dooly.db.store import ProfileStore
 from dooly.engines import Engine
-from dooly.signature import ModelTrace
-from dooly.store import ProfileStore
+from dooly.trace.signature import ModelTrace
 
 PHASE_SYMBOLS = {"prefill": ("requests", "tokens"), "decode": ("requests", "kv_len")}
 #: traces-table rows (this engine key, model, ``engine:dtype``) holding ``{"seconds": s}``: the time tracing
@@ -25,25 +25,22 @@ def trace_seconds(store: ProfileStore, engine: str, dtype: str, model: str) -> f
 
 
 def tracer_version() -> str:
-    """Digest of the tracing code (tracer, taint, engines): a cached trace is stale once any of it changes."""
+    """Digest of the tracing code (the trace/ and engines/ packages): a cached trace is stale once any of it changes."""
     import hashlib
 
-    import dooly.engines as engines_pkg
-    import dooly.signature
-    import dooly.taint
-    import dooly.tracer
+    import dooly.engines
+    import dooly.trace
 
     h = hashlib.sha256()
-    files = [Path(m.__file__) for m in (dooly.tracer, dooly.taint, dooly.signature)]  # type: ignore[arg-type]
-    files += sorted(Path(engines_pkg.__file__).parent.glob("*.py"))  # type: ignore[arg-type]
-    for f in files:
-        h.update(f.read_bytes())
+    for pkg in (dooly.trace, dooly.engines):
+        for f in sorted(Path(pkg.__file__).parent.glob("*.py")):  # type: ignore[arg-type]
+            h.update(f.read_bytes())
     return h.hexdigest()[:12]
 
 
 def trace_cache_key(name: str, config: Mapping[str, Any]) -> str:
     """Key of a model's traces in the store's trace cache (model, exact config, tracing code)."""
-    from dooly.tracer import config_hash
+    from dooly.trace.tracer import config_hash
 
     return f"{name}@{config_hash(config)}@{tracer_version()}"
 
@@ -56,7 +53,7 @@ def model_traces(
     import json
     import time
 
-    from dooly.tracer import trace_model
+    from dooly.trace.tracer import trace_model
 
     key = trace_cache_key(name, config)
     eng_key = engine.engine_id + ":" + getattr(engine, "dtype", "float32")

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dooly.errors import DoolyError, one_line
+from dooly.core.errors import DoolyError, one_line
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ModelConfig:
 
 
 def _zoo_dir() -> Path:
-    return Path(str(resources.files("dooly.zoo")))
+    return Path(str(resources.files("dooly.core.zoo")))
 
 
 #: A config file is read only up to this size and this JSON nesting depth (a config.json is a few KiB, nested

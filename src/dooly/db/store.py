@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dooly.errors import DoolyError
+from dooly.core.errors import DoolyError
 
 SCHEMA_VERSION = 1
 
@@ -655,7 +655,7 @@ def profile_command(model: object, db: str | Path, name: str) -> str:
     (a config's file stem is no model name), or ``name`` for a config dict, which has no command-line spelling."""
     import shlex
 
-    from dooly.zoo import ModelSpec
+    from dooly.core.zoo import ModelSpec
 
     if isinstance(model, ModelSpec):  # resolved once: the argument it came from
         model = model.source

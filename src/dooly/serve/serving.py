@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dooly import stats
+from dooly.core import stats
+from dooly.core.errors import DoolyError
 from dooly.engines import Engine
-from dooly.errors import DoolyError
 from dooly.simulator.entities import IterationRecord, Request, ScheduledBatch
 from dooly.simulator.metrics import RequestMetrics, Summary, summarize
 from dooly.simulator.scheduler import ReplicaScheduler, SchedulerConfig

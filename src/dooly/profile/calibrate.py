@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dooly.core.zoo import at_depth, max_positions, num_layers
+from dooly.db.store import ProfileContext, ProfileStore, canonical_point
 from dooly.engines import Engine
-from dooly.profiler.plan import shapes_within
-from dooly.profiler.timing import clock_of, fixed_threads, measure_forward
-from dooly.profiler.traces import model_traces
-from dooly.signature import canonical_json
-from dooly.store import ProfileContext, ProfileStore, canonical_point
-from dooly.zoo import at_depth, max_positions, num_layers
+from dooly.profile.plan import shapes_within
+from dooly.profile.timing import clock_of, fixed_threads, measure_forward
+from dooly.profile.traces import model_traces
+from dooly.trace.signature import canonical_json
 
 #: Shapes whose real forwards calibrate the framework overhead; off the grid and off the validation shapes.
 CALIBRATION_SHAPES: dict[str, list[dict[str, int]]] = {

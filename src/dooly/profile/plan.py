@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dooly.core.errors import DoolyError
+from dooly.core.zoo import ModelSpec, max_positions, num_layers, resolve_model
+from dooly.db.store import ProfileContext, ProfileStore, canonical_point
 from dooly.engines import Engine
-from dooly.errors import DoolyError
-from dooly.profiler.timing import context_for
-from dooly.profiler.traces import model_traces
-from dooly.signature import ModelTrace, Signature, canonical_json
-from dooly.store import ProfileContext, ProfileStore, canonical_point
-from dooly.zoo import ModelSpec, max_positions, num_layers, resolve_model
+from dooly.profile.timing import context_for
+from dooly.profile.traces import model_traces
+from dooly.trace.signature import ModelTrace, Signature, canonical_json
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The serve layer: real serving runs (HF, vLLM) to validate the simulator against."""
