@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["OutputPathError", "atomic_path"]
+__all__ = ["OutputPathError", "atomic_path", "check_replaceable", "pid_alive"]
 
 
 class OutputPathError(Exception):
@@ -37,7 +37,8 @@ def _umask() -> int:
     return mask
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's counts): how a temporary's owner is told dead or alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -56,7 +57,7 @@ def _sweep_stale(dest: Path) -> None:
         return
     for p in siblings:
         m = pattern.match(p.name)
-        if not m or _pid_alive(int(m.group(1))):
+        if not m or pid_alive(int(m.group(1))):
             continue
         if m.group(2) == "old" and not dest.exists():
             # killed between "rename aside" and "rename into place": the old output is the good one
@@ -70,7 +71,9 @@ def _sweep_stale(dest: Path) -> None:
                 p.unlink()
 
 
-def _check_replaceable(dest: Path, directory: bool, contents: Iterable[str] | None) -> None:
+def check_replaceable(dest: Path, directory: bool, contents: Iterable[str] | None) -> None:
+    """Raise OutputPathError unless `dest` is new or an earlier output of this kind (what atomic_path checks
+    before it writes; a command may call it before long work)."""
     if not (dest.exists() or dest.is_symlink()):
         return
     if not directory:
@@ -109,7 +112,7 @@ def atomic_path(
     except OSError as exc:
         raise OutputPathError(dest.parent, f"cannot create the output's directory ({exc.strerror or exc})") from None
     _sweep_stale(dest)
-    _check_replaceable(dest, directory, contents)
+    check_replaceable(dest, directory, contents)
     prefix = f".{dest.name}.{os.getpid()}."
     try:
         if directory:

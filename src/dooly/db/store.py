@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from atomicio import pid_alive
 from dooly.core.errors import DoolyError
 
 SCHEMA_VERSION = 1
@@ -325,16 +326,6 @@ def _empty(path: Path) -> bool:
     return path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size > 0)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _create_atomically(path: Path) -> bool:
     """Make the database file with its whole schema under a temporary name beside it, then link it into place:
     a run killed at any instant leaves either no file or a valid empty database, never a 0-byte file or one
@@ -342,7 +333,7 @@ def _create_atomically(path: Path) -> bool:
     meanwhile: its file is kept). A 0-byte file at ``path`` is replaced."""
     for stale in path.parent.glob(f".{path.name}.*.new"):  # left by a run killed within the few ms below
         pid = stale.name[len(path.name) + 2 : -len(".new")]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             stale.unlink(missing_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.new"
     tmp.unlink(missing_ok=True)

@@ -16,17 +16,9 @@ import tempfile
 import weakref
 from pathlib import Path
 
+from atomicio import pid_alive
+
 _SWEPT: set[str] = set()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def sweep_stale(prefix: str, root: str | Path | None = None) -> list[Path]:
@@ -41,7 +33,7 @@ def sweep_stale(prefix: str, root: str | Path | None = None) -> list[Path]:
         return removed
     for d in entries:
         m = pattern.match(d.name)
-        if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+        if m is None or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
             continue
         try:
             if not d.is_dir() or d.is_symlink() or d.stat().st_uid != os.getuid():

@@ -179,7 +179,7 @@ def _check_output(output: Path, gen_kind) -> None:
     if not above.is_dir():
         raise atomicio.OutputPathError(above, "is not a directory; the model cannot be written under it")
     contents = getattr(gen_kind.cls(), "contents", None)  # what the kind's save() writes
-    atomicio._check_replaceable(output, True, contents)  # the very check atomic_path makes when it saves
+    atomicio.check_replaceable(output, True, contents)  # the very check atomic_path makes when it saves
 
 
 def _fit_token(gen_kind, traces: list, output: Path, options: dict, start, init: Path | None, resume: bool, **fit_args):
