@@ -24,6 +24,20 @@ class Unsupported(ValueError):
     """The metadata uses a layout this compiler does not handle."""
 
 
+def lookup_ref(ref: Ref, roots: dict, scopes: list, error: type[Exception]) -> Any:
+    """What a length or selector reference names: in its root scope when it has one, else the innermost scope
+    that holds its path (the enclosing structures first, then the roots, innermost first), as CTF resolves it."""
+    if ref.root is not None:
+        table = roots.get(ref.root)
+        if table is None or ref.path not in table:
+            raise error(f"reference {ref.root}.{'.'.join(ref.path)} is out of reach")
+        return table[ref.path]
+    for table in [*reversed(scopes), *reversed(list(roots.values()))]:
+        if ref.path in table:
+            return table[ref.path]
+    raise error(f"unresolved reference {'.'.join(ref.path)!r}")
+
+
 def _lowbit(x: int) -> int:
     return x & -x if x else 1 << 30
 
@@ -189,15 +203,7 @@ class Emitter:
 
     # -- references ---------------------------------------------------------------------------
     def lookup(self, ref: Ref) -> str:
-        if ref.root is not None:
-            table = self.roots.get(ref.root)
-            if table is None or ref.path not in table:
-                raise Unsupported(f"reference {ref.root}.{'.'.join(ref.path)} is out of reach")
-            return table[ref.path]
-        for table in [*reversed(self.scopes), *reversed(list(self.roots.values()))]:
-            if ref.path in table:
-                return table[ref.path]
-        raise Unsupported(f"unresolved reference {'.'.join(ref.path)!r}")
+        return lookup_ref(ref, self.roots, self.scopes, Unsupported)
 
     def bind(self, name: str | None, var: str) -> None:
         if name is not None and self.scopes:

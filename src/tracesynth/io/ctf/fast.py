@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tracesynth.io.ctf.compile import _label_ranges, align_of, ref_names, static_size
+from tracesynth.io.ctf.compile import _label_ranges, align_of, lookup_ref, ref_names, static_size
 from tracesynth.io.ctf.model import Array, Blob, Float, Int, Optional, Ref, String, Struct, Variant
 
 # opcodes (instruction: op, a, b, c, d)
@@ -111,15 +111,7 @@ class _Compiler:
         return self.nregs - n
 
     def lookup(self, ref: Ref) -> int:
-        if ref.root is not None:
-            table = self.roots.get(ref.root)
-            if table is None or ref.path not in table:
-                raise FastUnsupported(f"reference {ref.root}.{'.'.join(ref.path)} is out of reach")
-            return table[ref.path]
-        for table in [*reversed(self.scopes), *reversed(list(self.roots.values()))]:
-            if ref.path in table:
-                return table[ref.path]
-        raise FastUnsupported(f"unresolved reference {'.'.join(ref.path)!r}")
+        return lookup_ref(ref, self.roots, self.scopes, FastUnsupported)
 
     def root(self, fc: Struct | None, root: str, want: dict[str, list[tuple[str, int]]]) -> None:
         """One root scope; `want`: member -> [(kind, column)] to write."""
