@@ -43,11 +43,7 @@ DOOLY_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 #: Packages whose internal cycles are tolerated for now, each with its reason: a cycle is excused only when
 #: every module in it lies in one of these packages.
-KNOWN_CYCLES: dict[str, str] = {
-    # issue 44: io/__init__.read_trace imports the readers lazily and the readers (lttng, ctf) take
-    # find_ctf_metadata back from the package; io/ was being edited when this test came, so it is left for that work
-    "tracesynth.io": "io/__init__ <-> its readers (find_ctf_metadata)",
-}
+KNOWN_CYCLES: dict[str, str] = {}  # package -> why its cycles are tolerated (none are, today)
 
 
 @cache

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from tracesynth.errors import TraceSynthError
+from tracesynth.io.ctf_dirs import find_ctf_metadata
 from tracesynth.trace import Trace
 
 # a packetized CTF metadata stream starts with this magic (either byte order)
@@ -26,13 +27,6 @@ FORMATS = ("lttng", "perf-ctf", "perf-data", "perf-script", "strace", "parquet")
 _PERF_SCRIPT_LINE = re.compile(rb"^\s*\S.*?\s+\d+(?:/\d+)?\s+\[\d+\]\s+\d+\.\d+:\s", re.M)
 # strace -f -ttt -T: "[pid] secs.usecs name(" or "secs.usecs name("
 _STRACE_LINE = re.compile(rb"^(?:\[pid\s+\d+\]\s+|\d+\s+)?\d{9,}\.\d+\s+(?:\w+\(|<\.\.\.|\+\+\+|---)", re.M)
-
-
-def find_ctf_metadata(path: Path) -> list[Path]:
-    """The CTF `metadata` files under a directory (an LTTng session nests them per domain)."""
-    if (path / "metadata").is_file():
-        return [path / "metadata"]
-    return sorted(p for p in path.rglob("metadata") if p.is_file())
 
 
 def detect_format(path: str | Path) -> str:

@@ -47,7 +47,7 @@ STATEDUMP_PROCESS = "lttng_statedump_process_state"
 
 def ctf_trace_dirs(path: Path) -> list[Path]:
     """Directories under `path` that hold a CTF trace (an LTTng session nests them per domain)."""
-    from tracesynth.io import find_ctf_metadata
+    from tracesynth.io.ctf_dirs import find_ctf_metadata
 
     return [m.parent for m in find_ctf_metadata(path)]
 

@@ -26,7 +26,7 @@ from tracesynth.errors import TraceSynthError
 from tracesynth.io.ctf import fast, stream
 from tracesynth.io.ctf.compile import Unsupported
 from tracesynth.io.ctf.ctf2 import is_ctf2, parse_ctf2
-from tracesynth.io.ctf.decode import StreamData, Want, compile_stream, member_names
+from tracesynth.io.ctf.decode import Want, compile_stream, member_names
 from tracesynth.io.ctf.model import Clock, TraceClass
 from tracesynth.io.ctf.stream import StreamFile, mux
 from tracesynth.io.ctf.tsdl import TsdlError, depacketize, parse_tsdl
@@ -72,74 +72,6 @@ def _ns(clock: Clock | None, raw: np.ndarray) -> np.ndarray | None:
     return (np.floor(1e9 * raw.astype(np.float64) / float(clock.freq))).astype(np.uint64).astype(np.int64) + base
 
 
-def _want_column(sd: StreamData, j: int, w: Want) -> tuple[np.ndarray, np.ndarray]:
-    """(values, valid) of Want j over one stream's rows (values int64 or object bytes)."""
-    n = len(sd.ids)
-    vals = np.zeros(n, dtype=np.int64) if w.kind == "int" else np.full(n, None, dtype=object)
-    valid = np.zeros(n, dtype=bool)
-    if not n:
-        return vals, valid
-    dec = sd.decoder
-    ids = np.frombuffer(sd.ids, dtype=np.int64)
-    eids = np.array(sorted(dec.sources), dtype=np.int64)
-    at = np.searchsorted(eids, ids)  # every id decoded is one of the stream class's
-    for level, key in (("packet.context", "packet"), ("event.common_context", "common")):
-        use = np.array([(dec.sources[e][j] or ("", ""))[0] == level for e in eids.tolist()], dtype=bool)
-        rows = np.flatnonzero(use[at])
-        if not len(rows):
-            continue
-        slots = {dec.sources[e][j][1] for e in eids[use].tolist()}
-        for slot in slots:
-            k = dec.slots[key].index(slot)
-            if level == "packet.context":
-                got = np.repeat(_values([pv[k] for _, _, pv in sd.packets], w.kind), [c for _, c, _ in sd.packets])
-            else:
-                got = _values([r[k + 1] for r in sd.common], w.kind)
-            sel = rows if len(slots) == 1 else rows[[dec.sources[int(eids[at[r]])][j][1] == slot for r in rows]]
-            _put(vals, valid, sel, got[sel])
-    for eid, row in dec.sources.items():
-        src = row[j]
-        recs = sd.records.get(eid)
-        if src is None or src[0] in ("packet.context", "event.common_context") or not recs:
-            continue
-        k = 1 + _event_slots(dec, eid).index(src[1])
-        _put(vals, valid, np.array([r[0] for r in recs], dtype=np.int64), _values([r[k] for r in recs], w.kind))
-    return vals, valid
-
-
-def _event_slots(dec: Any, eid: int) -> list[str]:
-    glb = dec.run.__globals__
-    return glb[f"S_{glb['EV_NAMES'][eid]}"]
-
-
-def _values(got: list, kind: str) -> np.ndarray:
-    """Python values as an int64 array (None kept as a masked 0 via _put) or an object array."""
-    if kind != "int":
-        out = np.empty(len(got), dtype=object)
-        out[:] = got
-        return out
-    try:
-        return np.array(got, dtype=np.int64)
-    except (TypeError, OverflowError):
-        # None, or a uint64 above 2**63: wraps like C's int64 cast (as the text path reads it)
-        out = np.array([((g + (1 << 63)) % (1 << 64)) - (1 << 63) if g is not None else 0 for g in got], np.int64)
-        nulls = np.array([g is None for g in got], dtype=bool)
-        return np.ma.masked_array(out, mask=nulls) if nulls.any() else out
-
-
-def _put(vals: np.ndarray, valid: np.ndarray, rows: np.ndarray, got: np.ndarray) -> None:
-    if isinstance(got, np.ma.MaskedArray):
-        ok = ~np.ma.getmaskarray(got)
-        vals[rows] = got.filled(0)
-        valid[rows] = ok
-    elif got.dtype == object:
-        vals[rows] = got
-        valid[rows] = np.array([g is not None for g in got], dtype=bool)
-    else:
-        vals[rows] = got
-        valid[rows] = True
-
-
 def _to_ns(sf: StreamFile, raw: np.ndarray) -> np.ndarray | None:
     dec = sf.decoder or next(iter(sf.decoders.values()))
     sc = dec.sc
@@ -149,7 +81,7 @@ def _to_ns(sf: StreamFile, raw: np.ndarray) -> np.ndarray | None:
 def _open_streams(path: Path, wants: list[Want], words: list[dict[bytes, int]]) -> list[StreamFile]:
     """The stream files of the CTF trace(s) under `path`, their decoders compiled (TraceSynthError
     for bad metadata, Unsupported for a layout no decoder here handles)."""
-    from tracesynth.io import find_ctf_metadata
+    from tracesynth.io.ctf_dirs import find_ctf_metadata
 
     if not path.exists():
         raise TraceSynthError("no such file or directory", path)

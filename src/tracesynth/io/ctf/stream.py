@@ -25,7 +25,7 @@ import numpy as np
 
 from tracesynth.io.ctf import fast
 from tracesynth.io.ctf.compile import CtfDecodeError
-from tracesynth.io.ctf.decode import StreamDecoder, _packet_head, decode_file
+from tracesynth.io.ctf.decode import StreamData, StreamDecoder, Want, _packet_head, decode_file
 
 CHUNK = 1 << 16  # events per chunk and stream
 # below this much stream data, the Python decoder finishes before numba would be loaded
@@ -154,8 +154,6 @@ class StreamFile:
 
     def _python_rest(self, mm: mmap.mmap, pos: int, clk: int, skip: int = 0) -> Iterator[Chunk]:
         """The file from byte pos on, by the Python decoder (its first `skip` rows already out)."""
-        from tracesynth.io.ctf import _want_column
-
         sd = decode_file(self.tc, self.decoders, mm[pos:], base=pos, clk=clk)
         if self.decoder is None:
             self.decoder = sd.decoder
@@ -354,3 +352,72 @@ def _merge(parts: list, luts: list, clockless: bool) -> tuple:
     ts = np.concatenate([p[0] for _, p in parts])
     order = np.argsort(ts, kind="stable")  # parts in stream order: ties keep it
     return ts[order], event[order], [(v[order], ok[order]) for v, ok in cols]
+
+
+# -- the Python decoder's rows as one requested column -----------------------------------------------
+def _want_column(sd: StreamData, j: int, w: Want) -> tuple[np.ndarray, np.ndarray]:
+    """(values, valid) of Want j over one stream's rows (values int64 or object bytes)."""
+    n = len(sd.ids)
+    vals = np.zeros(n, dtype=np.int64) if w.kind == "int" else np.full(n, None, dtype=object)
+    valid = np.zeros(n, dtype=bool)
+    if not n:
+        return vals, valid
+    dec = sd.decoder
+    ids = np.frombuffer(sd.ids, dtype=np.int64)
+    eids = np.array(sorted(dec.sources), dtype=np.int64)
+    at = np.searchsorted(eids, ids)  # every id decoded is one of the stream class's
+    for level, key in (("packet.context", "packet"), ("event.common_context", "common")):
+        use = np.array([(dec.sources[e][j] or ("", ""))[0] == level for e in eids.tolist()], dtype=bool)
+        rows = np.flatnonzero(use[at])
+        if not len(rows):
+            continue
+        slots = {dec.sources[e][j][1] for e in eids[use].tolist()}
+        for slot in slots:
+            k = dec.slots[key].index(slot)
+            if level == "packet.context":
+                got = np.repeat(_values([pv[k] for _, _, pv in sd.packets], w.kind), [c for _, c, _ in sd.packets])
+            else:
+                got = _values([r[k + 1] for r in sd.common], w.kind)
+            sel = rows if len(slots) == 1 else rows[[dec.sources[int(eids[at[r]])][j][1] == slot for r in rows]]
+            _put(vals, valid, sel, got[sel])
+    for eid, row in dec.sources.items():
+        src = row[j]
+        recs = sd.records.get(eid)
+        if src is None or src[0] in ("packet.context", "event.common_context") or not recs:
+            continue
+        k = 1 + _event_slots(dec, eid).index(src[1])
+        _put(vals, valid, np.array([r[0] for r in recs], dtype=np.int64), _values([r[k] for r in recs], w.kind))
+    return vals, valid
+
+
+def _event_slots(dec: Any, eid: int) -> list[str]:
+    glb = dec.run.__globals__
+    return glb[f"S_{glb['EV_NAMES'][eid]}"]
+
+
+def _values(got: list, kind: str) -> np.ndarray:
+    """Python values as an int64 array (None kept as a masked 0 via _put) or an object array."""
+    if kind != "int":
+        out = np.empty(len(got), dtype=object)
+        out[:] = got
+        return out
+    try:
+        return np.array(got, dtype=np.int64)
+    except (TypeError, OverflowError):
+        # None, or a uint64 above 2**63: wraps like C's int64 cast (as the text path reads it)
+        out = np.array([((g + (1 << 63)) % (1 << 64)) - (1 << 63) if g is not None else 0 for g in got], np.int64)
+        nulls = np.array([g is None for g in got], dtype=bool)
+        return np.ma.masked_array(out, mask=nulls) if nulls.any() else out
+
+
+def _put(vals: np.ndarray, valid: np.ndarray, rows: np.ndarray, got: np.ndarray) -> None:
+    if isinstance(got, np.ma.MaskedArray):
+        ok = ~np.ma.getmaskarray(got)
+        vals[rows] = got.filled(0)
+        valid[rows] = ok
+    elif got.dtype == object:
+        vals[rows] = got
+        valid[rows] = np.array([g is not None for g in got], dtype=bool)
+    else:
+        vals[rows] = got
+        valid[rows] = True
