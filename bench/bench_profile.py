@@ -37,7 +37,8 @@ from dooly.api import profile_models
 from dooly.core.zoo import resolve_model
 from dooly.db.store import ProfileStore
 from dooly.engines import Engine, get_engine
-from dooly.predict.predictor import Predictor, method_errors
+from dooly.predict.estimators import method_errors
+from dooly.predict.predictor import Predictor
 from dooly.predict.validate import phase_mape, round_spread, validate_model
 from dooly.profile import calibrate, default_clock, make_plan, profiled_savings, run_plan, savings
 
@@ -127,7 +128,7 @@ def shape_predictors(  # type: ignore[no-untyped-def]
     """`shapes`' predictors of one model by label: exact, zero new points, and each budget replayed; for a model
     with kinds never profiled here, those kinds are measured (--budget 0) and the rest predicted from shape."""
     from dooly.core.errors import DoolyError
-    from dooly.predict.predictor import own_signatures
+    from dooly.predict.shapes import own_signatures
     from dooly.profile import context_for, model_traces
     from dooly.profile.budget import triage
 

@@ -91,7 +91,7 @@ class _Latency:
     """Per-signature latency from the profile DB (dooly's interpolating predictor)."""
 
     def __init__(self, points: Mapping[str, list]) -> None:
-        from dooly.predict.predictor import SignatureModel
+        from dooly.predict.estimators import SignatureModel
 
         self._points = points
         self._models: dict[str, Any] = {}

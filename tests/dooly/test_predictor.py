@@ -11,15 +11,10 @@ from test_profile_fixtures import tiny_config, tiny_traces
 
 from dooly.core.batch import Batch
 from dooly.core.errors import DoolyError
-from dooly.predict.predictor import (
-    OverheadModel,
-    Predictor,
-    SignatureModel,
-    choose_method,
-    fresh_output_bytes,
-    holdout_errors,
-    method_errors,
-)
+from dooly.predict.estimators import SignatureModel, choose_method, holdout_errors, method_errors
+from dooly.predict.overhead import OverheadModel
+from dooly.predict.pages import fresh_output_bytes
+from dooly.predict.predictor import Predictor
 from dooly.predict.validate import ValidationRow, phase_mape, round_spread
 
 
@@ -209,7 +204,7 @@ def test_a_model_with_its_own_calibration_gets_its_own_overhead_fit(tmp_path: Pa
 
     from dooly.db.store import Measurement, ProfileStore
     from dooly.engines import get_engine
-    from dooly.predict.predictor import fit_overhead
+    from dooly.predict.overhead import fit_overhead
     from dooly.profile import context_for
 
     db, engine = tmp_path / "p.db", get_engine()
@@ -233,8 +228,8 @@ def test_a_model_with_its_own_calibration_gets_its_own_overhead_fit(tmp_path: Pa
                 for v in vs:
                     real = alpha * pred.ops_latency(phase, v) + c
                     st.put_forward(ctx, name, phase, v, Measurement(real, real, real, 1, real))
-        ov_a = fit_overhead(st, ctx, engine, pts, "interp", own="tiny-a")
-        ov_joint = fit_overhead(st, ctx, engine, pts, "interp")
+        ov_a = fit_overhead(st, ctx, engine, pts, "interp", own="tiny-a", predictor=Predictor)
+        ov_joint = fit_overhead(st, ctx, engine, pts, "interp", predictor=Predictor)
     pred_a = Predictor("tiny-a", tiny_traces(tiny_config("tiny-a", 128)), pts)
     v = {"requests": 1, "tokens": 64}
     ops, n = pred_a.ops_latency("prefill", v), pred_a.n_records["prefill"]
@@ -253,7 +248,7 @@ def test_half_depth_calibration_predicts_the_architecture_at_another_depth(tmp_p
     from dooly.core.zoo import at_depth
     from dooly.db.store import Measurement, ProfileStore
     from dooly.engines import get_engine
-    from dooly.predict.predictor import fit_overhead
+    from dooly.predict.overhead import fit_overhead
     from dooly.profile import context_for, trace_cache_key
 
     engine = get_engine()
@@ -282,7 +277,9 @@ def test_half_depth_calibration_predicts_the_architecture_at_another_depth(tmp_p
                         t = real(pred, phase, v)
                         st.put_forward(ctx, key, phase, v, Measurement(t, t, t, 1, t))
             sigs = Predictor("tiny-a-deep", tiny_traces(deep), pts).signature_keys()
-            fits[len(depths)] = fit_overhead(st, ctx, engine, pts, "interp", own="tiny-a-deep", signatures=sigs)
+            fits[len(depths)] = fit_overhead(
+                st, ctx, engine, pts, "interp", own="tiny-a-deep", signatures=sigs, predictor=Predictor
+            )
     p_deep = Predictor("tiny-a-deep", tiny_traces(deep), pts)
     v = {"requests": 4, "kv_len": 256}
     truth = real(p_deep, "decode", v)

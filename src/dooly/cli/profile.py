@@ -329,7 +329,7 @@ def validate_cmd(
 def _print_method_errors(db: Path, engine, threads: int) -> None:  # type: ignore[no-untyped-def]
     """``--method auto``: the held-out grid-line MAPE of each predictor method over the DB's points."""
     from dooly.db.store import ProfileStore
-    from dooly.predict.predictor import method_errors
+    from dooly.predict.estimators import method_errors
     from dooly.profile import context_for
 
     with ProfileStore(db, readonly=True) as store:

@@ -72,7 +72,20 @@ def default_clock(device: str, threads: int | None) -> str:
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
-_EVICT: list[Any] = []
+@functools.cache
+def _evict_buffer() -> Any:
+    """The eviction buffer: twice the last-level cache (at least 64 MiB) of float32, made on first use."""
+    import torch
+
+    llc = 32 * 2**20
+    for idx in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"), reverse=True):
+        try:
+            text = (idx / "size").read_text().strip().upper()
+            llc = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+            break
+        except (OSError, ValueError):
+            continue
+    return torch.ones(max(64 * 2**20, 2 * llc) // 4, dtype=torch.float32)
 
 
 def evict_caches() -> None:
@@ -83,19 +96,7 @@ def evict_caches() -> None:
     full eviction makes a matmul slower than it is inside the model, and a loop over rotated copies of its
     weight about as slow as it is there.)
     """
-    import torch
-
-    if not _EVICT:
-        llc = 32 * 2**20
-        for idx in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"), reverse=True):
-            try:
-                text = (idx / "size").read_text().strip().upper()
-                llc = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
-                break
-            except (OSError, ValueError):
-                continue
-        _EVICT.append(torch.ones(max(64 * 2**20, 2 * llc) // 4, dtype=torch.float32))
-    _EVICT[0].sum()
+    _evict_buffer().sum()
 
 
 #: glibc hands an allocation above its mmap threshold fresh pages from the kernel, and every 4 KiB of them
@@ -127,7 +128,7 @@ def _libc() -> Any:
 def reused_pages() -> Iterator[None]:
     """While timing one op in a loop: serve every allocation from the heap and keep freed memory there, so
     no call pays page faults for its output (the predictor adds those where the model pays them: outputs
-    above :data:`MMAP_MAX_BYTES`; see ``dooly.predict.predictor``). On leaving, glibc is left in its steady state
+    above :data:`MMAP_MAX_BYTES`; see ``dooly.predict.pages``). On leaving, glibc is left in its steady state
     (threshold at its 32 MiB ceiling, trimming at twice that), not in whatever state the process had reached.
     """
     libc = _libc()
