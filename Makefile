@@ -10,11 +10,15 @@ setup:
 
 # The everyday suite: offline, deterministic, a few minutes on 2 cores. Tests marked `slow` (minutes-long
 # checks against real engines and long samples) run in `make test-all`, with the fuzz suite at full size.
+# One worker per core (at most 4: each holds torch and a model); a test file stays on one worker, so its
+# module fixtures are built once.
+PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(PARALLEL)
 
 test-all: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 	TRACESYNTH_FUZZ_CASES=200 DOOLY_FUZZ_CASES=30 $(BIN)/python -m pytest -q tests/fuzz
 
 demo: setup

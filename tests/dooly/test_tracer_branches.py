@@ -13,7 +13,6 @@ from dooly.core.errors import DoolyError
 from dooly.engines import get_engine
 from dooly.predict.predictor import Predictor
 from dooly.trace.signature import ModelTrace, eval_guard
-from dooly.trace.tracer import trace_model
 
 # gemma2 with a 64-token sliding window: past the window its cache keeps only the window, so the decode step's
 # ops change with kv_len (the branch torch records as the guard `kv_len >= 64`)
@@ -21,8 +20,23 @@ WINDOWED = OTHER_ARCHS["gemma2"][0]
 
 
 @pytest.fixture(scope="module")
-def windowed_decode() -> ModelTrace:
-    return trace_model(WINDOWED, "decode")
+def windowed_plan(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """The windowed model planned into a fresh DB (tracing both phases once for the whole module)."""
+    from test_profiler import GRID
+
+    from dooly.db.store import ProfileStore
+    from dooly.profile import make_plan
+
+    cfg = {**WINDOWED, "_name_or_path": "windowed"}
+    db = tmp_path_factory.mktemp("branches") / "p.db"
+    with ProfileStore(db) as st:
+        plan = make_plan([cfg], st, get_engine(), GRID, threads=1)
+    return cfg, db, plan
+
+
+@pytest.fixture(scope="module")
+def windowed_decode(windowed_plan) -> ModelTrace:  # noqa: ANN001
+    return windowed_plan[2].models[0].traces["decode"]
 
 
 def test_each_side_of_a_length_branch_is_traced_with_its_own_guards(windowed_decode: ModelTrace) -> None:
@@ -86,20 +100,17 @@ def test_the_predictor_prices_the_branch_whose_guards_hold(windowed_decode: Mode
         assert p.records_at("decode", v) == len(branch.records)
 
 
-def test_plan_profile_and_predict_a_model_whose_code_branches(tmp_path) -> None:  # noqa: ANN001
+def test_plan_profile_and_predict_a_model_whose_code_branches(windowed_plan) -> None:  # noqa: ANN001
     """`dooly plan/profile/validate` on the windowed model: every branch's signatures are planned and profiled, and
     the predictor prices each request size with the branch traced for it."""
-    from test_profiler import FAST, GRID
+    from test_profiler import FAST
 
-    from dooly.profile import make_plan, run_plan
-
-    cfg = {**WINDOWED, "_name_or_path": "windowed"}
-    engine = get_engine()
-    db = tmp_path / "p.db"
     from dooly.db.store import ProfileStore
+    from dooly.profile import run_plan
 
+    cfg, db, plan = windowed_plan
+    engine = get_engine()
     with ProfileStore(db) as st:
-        plan = make_plan([cfg], st, engine, GRID, threads=1)
         traces = plan.models[0].traces
         assert traces["decode"].sides and traces["prefill"].sides
         for phase, tr in traces.items():
