@@ -25,6 +25,8 @@ def trace_cmd(
     dtype: str = typer.Option("bfloat16", "--dtype", help="Engine weight/activation dtype."),
     show_ops: bool = typer.Option(False, "--ops", help="Also list each model's unique signatures."),
     engine_name: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Inference engine: hf-eager (default) or vllm."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size: trace rank 0 of the replica (vllm)."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size: trace the first stage (vllm)."),
 ) -> None:
     """Run one dummy request per phase through the engine and print, per model, the operators it ran, its unique
     signatures and how many of them the other models given here share."""
@@ -38,7 +40,7 @@ def trace_cmd(
     if any(p not in ("prefill", "decode", "chunk") for p in phases):
         raise DoolyError(f"--phase must be prefill, decode, chunk or both, got {phase!r}")
     configs = [load_config(m) for m in models]  # fail on a bad name before any tracing
-    engine = get_engine(engine_name, device=device, dtype=dtype)
+    engine = get_engine(engine_name, device=device, dtype=dtype, tp=tp, pp=pp)
     traces: list[ModelTrace] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
@@ -50,7 +52,7 @@ def trace_cmd(
                 traces.append(trace_model(cfg.config, ph, name=cfg.name, engine=engine))
                 bar.advance(task)
 
-    table = Table(title=f"dooly trace ({engine.engine_id}, {dtype})")
+    table = Table(title=f"dooly trace ({engine.trace_context}, {dtype})")
     for col in ("model", "phase", "branches", "ops", "kernels", "unique", "shared", "seconds"):
         table.add_column(col, justify="left" if col in ("model", "phase") else "right")
     for t in traces:
@@ -81,20 +83,25 @@ def trace_cmd(
                 what = f"{t.model} {t.phase}" + (f" branch {i + 1} ({len(b.records)} ops)" if t.sides else "")
                 out.print(f"{what} valid while: {' and '.join(b.guards)}", highlight=False)
     if show_ops:
-        for t in traces:
-            ops = Table(title=f"{t.model} {t.phase}: unique signatures (x multiplicity)")
-            ops.add_column("x", justify="right")
-            ops.add_column("signature")
-            ops.add_column("key")
-            for sig, n in sorted(t.unique().items(), key=lambda kv: -kv[1]):
-                ops.add_row(str(n), str(sig), sig.key[:12])
-            out.print(ops)
+        _print_ops(traces)
     if json_out is not None:
         from atomicio import atomic_path
 
         with atomic_path(json_out) as tmp:
             tmp.write_text(traces_to_json(traces))
         err.print(f"wrote {len(traces)} traces to {json_out}")
+
+
+def _print_ops(traces: list) -> None:
+    """Each trace's unique signatures, the most repeated first."""
+    for t in traces:
+        ops = Table(title=f"{t.model} {t.phase}: unique signatures (x multiplicity)")
+        ops.add_column("x", justify="right")
+        ops.add_column("signature")
+        ops.add_column("key")
+        for sig, n in sorted(t.unique().items(), key=lambda kv: -kv[1]):
+            ops.add_row(str(n), str(sig), sig.key[:12])
+        out.print(ops)
 
 
 @app.command("zoo")

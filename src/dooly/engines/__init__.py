@@ -21,10 +21,10 @@ def _hf_eager(device: str, dtype: str) -> Engine:
     return HFEagerEngine(device=device, dtype=dtype)
 
 
-def _vllm(device: str, dtype: str) -> Engine:
+def _vllm(device: str, dtype: str, tp: int = 1, pp: int = 1) -> Engine:
     from dooly.engines.vllm import VLLMEngine  # vllm is imported only when the engine is used
 
-    return VLLMEngine(device=device, dtype=dtype)
+    return VLLMEngine(device=device, dtype=dtype, tensor_parallel_size=tp, pipeline_parallel_size=pp)
 
 
 _REGISTRY: dict[str, Callable[[str, str], Engine]] = {"hf-eager": _hf_eager, "vllm": _vllm}
@@ -39,12 +39,34 @@ def engine_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def get_engine(name: str = DEFAULT_ENGINE, device: str = "cpu", dtype: str = "bfloat16") -> Engine:
-    """An engine by name (``"hf-eager"``) on ``device`` (``"cpu"``, ``"cuda"``) with weights in ``dtype``."""
+#: engines that build one rank of a tensor- or pipeline-parallel replica (their factory takes ``tp`` and ``pp``)
+PARALLEL_ENGINES = {"vllm"}
+
+
+def get_engine(
+    name: str = DEFAULT_ENGINE, device: str = "cpu", dtype: str = "bfloat16", *, tp: int = 1, pp: int = 1
+) -> Engine:
+    """An engine by name (``"hf-eager"``) on ``device`` (``"cpu"``, ``"cuda"``) with weights in ``dtype``; ``tp``
+    and ``pp`` > 1: the engine runs rank 0 of a replica split over ``tp`` x ``pp`` devices."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise DoolyError(f"unknown engine {name!r} (known: {', '.join(_REGISTRY)})")
-    return factory(device, dtype)
+    if tp == pp == 1:
+        return factory(device, dtype)
+    if name not in PARALLEL_ENGINES:
+        raise DoolyError(
+            f"engine {name}: no tensor or pipeline parallelism (--tp/--pp need one of: {', '.join(PARALLEL_ENGINES)})"
+        )
+    return factory(device, dtype, tp=tp, pp=pp)  # type: ignore[call-arg]
 
 
-__all__ = ["DEFAULT_ENGINE", "Engine", "Executor", "RequestShape", "engine_names", "get_engine", "register_engine"]
+__all__ = [
+    "DEFAULT_ENGINE",
+    "PARALLEL_ENGINES",
+    "Engine",
+    "Executor",
+    "RequestShape",
+    "engine_names",
+    "get_engine",
+    "register_engine",
+]

@@ -108,6 +108,12 @@ class Engine(ABC):
         """What executes the ops (``"hf-eager/cpu"``), written into every :class:`~dooly.trace.signature.Signature`."""
         return f"{self.name}/{self.device}"
 
+    @property
+    def trace_context(self) -> str:
+        """What a model's trace depends on besides its config (the trace cache's key): the engine, and the layout
+        of a parallel replica where the engine runs one rank of one (``vllm/cpu/tp2``)."""
+        return self.engine_id
+
     @abstractmethod
     def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
         """A model with random weights from a config dict (the ``config.json`` content, ``model_type`` included).

@@ -257,12 +257,18 @@ def _init_state_backend(vc: Any, groups: list[tuple[Any, list[str], Any]]) -> No
 
 
 class VLLMEngine(Engine):
-    """vLLM (CPU backend, eager). ``dtype`` is the weight/activation dtype of every model it builds."""
+    """vLLM (CPU backend, eager). ``dtype`` is the weight/activation dtype of every model it builds. With
+    ``tensor_parallel_size`` or ``pipeline_parallel_size`` above 1 it builds and runs rank 0 of such a replica in
+    this process: vLLM's layers hold that rank's shards, its collectives are ``dooly_vllm`` ops
+    (:mod:`dooly.engines.vllm_parallel`), and a first pipeline stage's step ends in sending its hidden states."""
 
     name = "vllm"
     flattens_batches = True
 
-    def __init__(self, device: str = "cpu", dtype: str = "bfloat16") -> None:
+    def __init__(
+        self, device: str = "cpu", dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
+    ) -> None:  # fmt: skip
         if device not in ("cpu", "auto"):
             raise DoolyError(f"engine vllm: only vLLM's CPU backend is wired here (device cpu), not {device!r}")
         try:
@@ -281,6 +287,10 @@ class VLLMEngine(Engine):
         vllm_ops.install()
         self.device = "cpu"
         self.dtype = dtype
+        if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
+            raise DoolyError("engine vllm: tensor and pipeline parallel sizes are at least 1")
+        # a parallel replica is traced as its first rank (see dooly.engines.vllm_parallel)
+        self.tp, self.pp = int(tensor_parallel_size), int(pipeline_parallel_size)
         self._dirs: dict[str, Path] = {}
         # model directories vLLM reads configs from: removed with the engine, at exit, or (after a kill) by the
         # next dooly process
@@ -317,12 +327,14 @@ class VLLMEngine(Engine):
 
         path = self._model_dir(config, num_layers)
         args = EngineArgs(model=str(path), load_format="dummy", skip_tokenizer_init=True, dtype=self.dtype,
-                          enforce_eager=True, seed=0)  # fmt: skip
+                          enforce_eager=True, seed=0, tensor_parallel_size=self.tp,
+                          pipeline_parallel_size=self.pp)  # fmt: skip
         try:
             with unset_fake_temporarily():
                 return args.create_engine_config()
         except (ValueError, TypeError, KeyError) as exc:  # pydantic's reason is on the error's second line
-            raise DoolyError(f"vLLM cannot configure this model: {one_line(exc, lines=2)}") from None
+            reason = one_line(exc, lines=2).split(" [type=")[0]  # pydantic's echo of every argument is noise
+            raise DoolyError(f"vLLM cannot configure this model: {reason}") from None
 
     @staticmethod
     def _init_distributed() -> None:
@@ -344,6 +356,27 @@ class VLLMEngine(Engine):
                 parallel_state.destroy_model_parallel()
             ensure_model_parallel_initialized(1, 1)
 
+    @property
+    def trace_context(self) -> str:
+        """The engine and, for one rank of a parallel replica, its layout (``vllm/cpu/tp2``): a rank's trace holds
+        its shards and collectives, so it is cached apart from the one-device trace."""
+        layout = (f"/tp{self.tp}" if self.tp > 1 else "") + (f"/pp{self.pp}" if self.pp > 1 else "")
+        return self.engine_id + layout
+
+    @contextmanager
+    def _parallel(self, init: bool = False) -> Iterator[None]:
+        """vLLM's process groups for a build (``init``) or a step: one rank, or rank 0 of this engine's parallel
+        layout (:func:`dooly.engines.vllm_parallel.parallel_groups`)."""
+        if init:
+            self._init_distributed()
+        if self.tp == self.pp == 1:
+            yield
+            return
+        from dooly.engines.vllm_parallel import parallel_groups
+
+        with parallel_groups(self.tp, self.pp):
+            yield
+
     def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
         import torch
         from vllm.config import set_current_vllm_config
@@ -360,8 +393,7 @@ class VLLMEngine(Engine):
         # vLLM memoises rotary-embedding modules process-wide: one built on real tensors must not be handed to a
         # model built on fake ones (or the other way round)
         rotary_embedding._ROPE_DICT.clear()
-        with set_current_vllm_config(vc):
-            self._init_distributed()
+        with set_current_vllm_config(vc), self._parallel(init=True):
             try:
                 with warnings.catch_warnings(), _build_constants_faked():
                     warnings.simplefilter("ignore")  # vLLM's loader reads fake storages' addresses (harmless)
@@ -433,6 +465,7 @@ class VLLMEngine(Engine):
             "block_size": int(spec.block_size),
             "attention_isa": getattr(builder, "isa", None),
             "kv_cache_groups": len(st.groups),
+            **({"tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp} if self.tp * self.pp > 1 else {}),
         }
 
     # -- one step -------------------------------------------------------------------------------------------
@@ -478,7 +511,15 @@ class VLLMEngine(Engine):
             "logits_indices": torch.arange(1, r + 1, dtype=torch.int64) * t - 1,  # each request's last token
             "shape": (r, t, k),
             "state": st,
+            **self._stage_tokens(r),
         }
+
+    def _stage_tokens(self, r: Any) -> dict[str, Any]:
+        """A first pipeline stage's stand-in for the next tokens (the last stage samples them), made before the
+        step so that the step ends in its send."""
+        import torch
+
+        return {"stage_tokens": torch.zeros(r, dtype=torch.int64)} if self.pp > 1 else {}
 
     def prepare_batch(self, model: Any, batch: Batch) -> dict[str, Any]:
         """One step of a flattened batch as vLLM's scheduler hands it over: the decodes (one new token after
@@ -525,11 +566,13 @@ class VLLMEngine(Engine):
             "logits_indices": query_start[1:].to(torch.int64) - 1,  # each request's last token
             "shape": (1, int(sum(query)), 0),  # (requests, tokens, kv) as forward() reads it: the flat token count
             "state": st,
+            **self._stage_tokens(r),
         }
 
     def forward(self, model: Any, inputs: Mapping[str, Any]) -> Any:
         import torch
         from vllm.config import set_current_vllm_config
+        from vllm.distributed import get_pp_group
         from vllm.forward_context import set_forward_context
 
         st: _State = model._dooly_vllm
@@ -539,8 +582,12 @@ class VLLMEngine(Engine):
         r, t, _ = inputs["shape"]
         with torch.no_grad(), set_current_vllm_config(st.vllm_config), set_forward_context(
             inputs["attn_metadata"], st.vllm_config, num_tokens=r * t, slot_mapping=inputs["slot_mapping"]
-        ):  # fmt: skip
+        ), self._parallel():  # fmt: skip
             hidden = model(input_ids=inputs["input_ids"], positions=inputs["positions"])
+            if self.pp > 1:
+                # a first stage hands its hidden states on; the next step's tokens come from the scheduler
+                get_pp_group().send_tensor_dict(hidden.tensors)
+                return inputs["stage_tokens"]
             logits = model.compute_logits(hidden[inputs["logits_indices"]])
             return logits.argmax(dim=-1)
 

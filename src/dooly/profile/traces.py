@@ -56,7 +56,7 @@ def model_traces(
     from dooly.trace.tracer import trace_model
 
     key = trace_cache_key(name, config)
-    eng_key = engine.engine_id + ":" + getattr(engine, "dtype", "float32")
+    eng_key = engine.trace_context + ":" + getattr(engine, "dtype", "float32")
     out: dict[str, ModelTrace] = {}
     spent = 0.0
     for phase in PHASE_SYMBOLS:
