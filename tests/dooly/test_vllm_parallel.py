@@ -122,12 +122,32 @@ def test_the_first_pipeline_stage_holds_half_the_layers_and_sends_its_hidden_sta
     assert [r.signature.op for r in kernels[-2:]] == [SEND, SEND]
     assert all(r.signature.inputs[0].shape == ("requests", 128) for r in kernels[-2:])
     assert not [r for r in kernels if r.module in ("model.norm", "logits_processor")]
-    assert engine.trace_context == "vllm/cpu/pp2"
+    assert engine.trace_context == "vllm/cpu/pp2s0"
+
+
+def test_the_last_stage_receives_the_hidden_states_and_computes_the_logits() -> None:
+    engine = get_engine("vllm", tp=2, pp=2, pp_stage=1)  # rank 0 of the second stage's tensor-parallel group
+    cfg = {**LLAMA, "num_hidden_layers": 4}
+    trace = trace_model(cfg, "prefill", engine=engine)
+    assert engine.trace_context == "vllm/cpu/tp2/pp2s1"
+    assert {r.layer for r in trace.records if r.layer is not None} == {2, 3}
+    kernels = trace.kernels()
+    assert [r.signature.op for r in kernels[:2]] == ["dooly_vllm.recv.default"] * 2  # hidden states and residual
+    assert kernels[0].signature.inputs[0].shape == ("requests*tokens", 128)
+    assert [r.signature.op for r in kernels[-2:]] == [ALL_GATHER, "aten.argmax.default"]  # the logits, sampled
+    assert not [r for r in kernels if r.module == "model.embed_tokens"]
+    torch.manual_seed(0)
+    traced, real = traced_and_real_ops(engine, engine.build_model(cfg), trace)
+    assert [op for op in traced if op[0] != "aten.alias.default"] == [
+        op for op in real if op[0] != "aten.alias.default"
+    ]
 
 
 def test_only_the_vllm_engine_takes_a_parallel_layout() -> None:
     with pytest.raises(DoolyError, match="engine hf-eager: no tensor or pipeline parallelism"):
         get_engine("hf-eager", tp=2)
+    with pytest.raises(DoolyError, match="pipeline stage 2 of 2 stages"):
+        get_engine("vllm", pp=2, pp_stage=2)
 
 
 def test_trace_cli_takes_the_tensor_parallel_size(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -26,7 +26,8 @@ def trace_cmd(
     show_ops: bool = typer.Option(False, "--ops", help="Also list each model's unique signatures."),
     engine_name: str = typer.Option(DEFAULT_ENGINE, "--engine", help="Inference engine: hf-eager (default) or vllm."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size: trace rank 0 of the replica (vllm)."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size: trace the first stage (vllm)."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size (vllm)."),
+    pp_stage: int = typer.Option(0, "--pp-stage", help="The pipeline stage to trace, 0-based (vllm)."),
 ) -> None:
     """Run one dummy request per phase through the engine and print, per model, the operators it ran, its unique
     signatures and how many of them the other models given here share."""
@@ -40,7 +41,7 @@ def trace_cmd(
     if any(p not in ("prefill", "decode", "chunk") for p in phases):
         raise DoolyError(f"--phase must be prefill, decode, chunk or both, got {phase!r}")
     configs = [load_config(m) for m in models]  # fail on a bad name before any tracing
-    engine = get_engine(engine_name, device=device, dtype=dtype, tp=tp, pp=pp)
+    engine = get_engine(engine_name, device=device, dtype=dtype, tp=tp, pp=pp, pp_stage=pp_stage)
     traces: list[ModelTrace] = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err

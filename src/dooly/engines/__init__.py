@@ -21,10 +21,10 @@ def _hf_eager(device: str, dtype: str) -> Engine:
     return HFEagerEngine(device=device, dtype=dtype)
 
 
-def _vllm(device: str, dtype: str, tp: int = 1, pp: int = 1) -> Engine:
+def _vllm(device: str, dtype: str, tp: int = 1, pp: int = 1, pp_stage: int = 0) -> Engine:
     from dooly.engines.vllm import VLLMEngine  # vllm is imported only when the engine is used
 
-    return VLLMEngine(device=device, dtype=dtype, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    return VLLMEngine(device, dtype, tensor_parallel_size=tp, pipeline_parallel_size=pp, pipeline_stage=pp_stage)
 
 
 _REGISTRY: dict[str, Callable[[str, str], Engine]] = {"hf-eager": _hf_eager, "vllm": _vllm}
@@ -39,25 +39,33 @@ def engine_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-#: engines that build one rank of a tensor- or pipeline-parallel replica (their factory takes ``tp`` and ``pp``)
+#: engines that build one rank of a tensor- or pipeline-parallel replica (their factory takes ``tp``, ``pp`` and
+#: ``pp_stage``)
 PARALLEL_ENGINES = {"vllm"}
 
 
 def get_engine(
-    name: str = DEFAULT_ENGINE, device: str = "cpu", dtype: str = "bfloat16", *, tp: int = 1, pp: int = 1
+    name: str = DEFAULT_ENGINE,
+    device: str = "cpu",
+    dtype: str = "bfloat16",
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    pp_stage: int = 0,
 ) -> Engine:
     """An engine by name (``"hf-eager"``) on ``device`` (``"cpu"``, ``"cuda"``) with weights in ``dtype``; ``tp``
-    and ``pp`` > 1: the engine runs rank 0 of a replica split over ``tp`` x ``pp`` devices."""
+    and ``pp`` > 1: the engine runs one rank of a replica split over ``tp`` x ``pp`` devices (the first
+    tensor-parallel rank of pipeline stage ``pp_stage``)."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise DoolyError(f"unknown engine {name!r} (known: {', '.join(_REGISTRY)})")
-    if tp == pp == 1:
+    if tp == pp == 1 and pp_stage == 0:
         return factory(device, dtype)
     if name not in PARALLEL_ENGINES:
         raise DoolyError(
             f"engine {name}: no tensor or pipeline parallelism (--tp/--pp need one of: {', '.join(PARALLEL_ENGINES)})"
         )
-    return factory(device, dtype, tp=tp, pp=pp)  # type: ignore[call-arg]
+    return factory(device, dtype, tp=tp, pp=pp, pp_stage=pp_stage)  # type: ignore[call-arg]
 
 
 __all__ = [

@@ -267,7 +267,7 @@ class VLLMEngine(Engine):
 
     def __init__(
         self, device: str = "cpu", dtype: str = "bfloat16", tensor_parallel_size: int = 1,
-        pipeline_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1, pipeline_stage: int = 0,
     ) -> None:  # fmt: skip
         if device not in ("cpu", "auto"):
             raise DoolyError(f"engine vllm: only vLLM's CPU backend is wired here (device cpu), not {device!r}")
@@ -289,8 +289,12 @@ class VLLMEngine(Engine):
         self.dtype = dtype
         if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
             raise DoolyError("engine vllm: tensor and pipeline parallel sizes are at least 1")
-        # a parallel replica is traced as its first rank (see dooly.engines.vllm_parallel)
-        self.tp, self.pp = int(tensor_parallel_size), int(pipeline_parallel_size)
+        if not 0 <= pipeline_stage < pipeline_parallel_size:
+            raise DoolyError(
+                f"engine vllm: pipeline stage {pipeline_stage} of {pipeline_parallel_size} stages (0-based)"
+            )
+        # a parallel replica is traced as its first tensor-parallel rank of one stage (dooly.engines.vllm_parallel)
+        self.tp, self.pp, self.stage = int(tensor_parallel_size), int(pipeline_parallel_size), int(pipeline_stage)
         self._dirs: dict[str, Path] = {}
         # model directories vLLM reads configs from: removed with the engine, at exit, or (after a kill) by the
         # next dooly process
@@ -360,7 +364,7 @@ class VLLMEngine(Engine):
     def trace_context(self) -> str:
         """The engine and, for one rank of a parallel replica, its layout (``vllm/cpu/tp2``): a rank's trace holds
         its shards and collectives, so it is cached apart from the one-device trace."""
-        layout = (f"/tp{self.tp}" if self.tp > 1 else "") + (f"/pp{self.pp}" if self.pp > 1 else "")
+        layout = (f"/tp{self.tp}" if self.tp > 1 else "") + (f"/pp{self.pp}s{self.stage}" if self.pp > 1 else "")
         return self.engine_id + layout
 
     @contextmanager
@@ -374,7 +378,7 @@ class VLLMEngine(Engine):
             return
         from dooly.engines.vllm_parallel import parallel_groups
 
-        with parallel_groups(self.tp, self.pp):
+        with parallel_groups(self.tp, self.pp, self.stage):
             yield
 
     def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
@@ -436,6 +440,8 @@ class VLLMEngine(Engine):
             _init_state_backend(vc, groups)
         model.eval()
         model._dooly_vllm = _State(vc, groups, layers)
+        if self.stage > 0:  # what a later pipeline stage receives its inputs into (vLLM's model's own factory)
+            model._dooly_vllm.empty_intermediate = model.make_empty_intermediate_tensors
         return model
 
     def architecture(self, config: Mapping[str, Any]) -> Any:
@@ -465,7 +471,7 @@ class VLLMEngine(Engine):
             "block_size": int(spec.block_size),
             "attention_isa": getattr(builder, "isa", None),
             "kv_cache_groups": len(st.groups),
-            **({"tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp} if self.tp * self.pp > 1 else {}),
+            **(self._layout() if self.tp * self.pp > 1 else {}),
         }
 
     # -- one step -------------------------------------------------------------------------------------------
@@ -511,15 +517,25 @@ class VLLMEngine(Engine):
             "logits_indices": torch.arange(1, r + 1, dtype=torch.int64) * t - 1,  # each request's last token
             "shape": (r, t, k),
             "state": st,
-            **self._stage_tokens(r),
+            **self._stage_inputs(st, r, r * t),
         }
 
-    def _stage_tokens(self, r: Any) -> dict[str, Any]:
-        """A first pipeline stage's stand-in for the next tokens (the last stage samples them), made before the
-        step so that the step ends in its send."""
+    def _layout(self) -> dict[str, int]:
+        return {"tensor_parallel_size": self.tp, "pipeline_parallel_size": self.pp, "pipeline_stage": self.stage}
+
+    def _stage_inputs(self, st: _State, r: Any, tokens: Any) -> dict[str, Any]:
+        """What a pipeline stage takes besides the batch, made before the step (its ops are not the step's): the
+        buffers a later stage receives the hidden states into, and an earlier stage's stand-in for the next tokens
+        (the last stage samples them)."""
         import torch
 
-        return {"stage_tokens": torch.zeros(r, dtype=torch.int64)} if self.pp > 1 else {}
+        out: dict[str, Any] = {}
+        if self.stage > 0:
+            vc = st.vllm_config
+            out["stage_recv"] = st.empty_intermediate(tokens, vc.model_config.dtype, torch.device(self.device))
+        if self.stage < self.pp - 1:
+            out["stage_tokens"] = torch.zeros(r, dtype=torch.int64)
+        return out
 
     def prepare_batch(self, model: Any, batch: Batch) -> dict[str, Any]:
         """One step of a flattened batch as vLLM's scheduler hands it over: the decodes (one new token after
@@ -566,7 +582,7 @@ class VLLMEngine(Engine):
             "logits_indices": query_start[1:].to(torch.int64) - 1,  # each request's last token
             "shape": (1, int(sum(query)), 0),  # (requests, tokens, kv) as forward() reads it: the flat token count
             "state": st,
-            **self._stage_tokens(r),
+            **self._stage_inputs(st, r, int(sum(query))),
         }
 
     def forward(self, model: Any, inputs: Mapping[str, Any]) -> Any:
@@ -574,6 +590,8 @@ class VLLMEngine(Engine):
         from vllm.config import set_current_vllm_config
         from vllm.distributed import get_pp_group
         from vllm.forward_context import set_forward_context
+
+        from dooly.engines.vllm_parallel import received
 
         st: _State = model._dooly_vllm
         for name, layer in st.layers.items():
@@ -583,9 +601,11 @@ class VLLMEngine(Engine):
         with torch.no_grad(), set_current_vllm_config(st.vllm_config), set_forward_context(
             inputs["attn_metadata"], st.vllm_config, num_tokens=r * t, slot_mapping=inputs["slot_mapping"]
         ), self._parallel():  # fmt: skip
-            hidden = model(input_ids=inputs["input_ids"], positions=inputs["positions"])
-            if self.pp > 1:
-                # a first stage hands its hidden states on; the next step's tokens come from the scheduler
+            # a later pipeline stage starts from the hidden states it receives
+            stage = {"intermediate_tensors": received(inputs["stage_recv"])} if "stage_recv" in inputs else {}
+            hidden = model(input_ids=inputs["input_ids"], positions=inputs["positions"], **stage)
+            if "stage_tokens" in inputs:
+                # an earlier stage hands its hidden states on; the next step's tokens come from the scheduler
                 get_pp_group().send_tensor_dict(hidden.tensors)
                 return inputs["stage_tokens"]
             logits = model.compute_logits(hidden[inputs["logits_indices"]])

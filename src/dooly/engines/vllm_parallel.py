@@ -112,13 +112,23 @@ def fake_group(real: Any, world_size: int, rank: int = 0) -> Any:
     group = object.__new__(_FAKE_CLASS)
     group.__dict__.update(real.__dict__)
     group.world_size = world_size
-    group.rank_in_group = rank
+    group.rank_in_group = group.rank = rank  # is_first_rank/is_last_rank compare the global rank with `ranks`
     group.ranks = list(range(world_size))
     group.device_communicator = None
     group.use_custom_op_call = False
     group.use_cpu_custom_send_recv = False
     group.mq_broadcaster = None
     return group
+
+
+def received(buffers: Any) -> Any:
+    """A later pipeline stage's inputs (vLLM's ``IntermediateTensors``), each received through
+    ``dooly_vllm::recv`` into its buffer (what vLLM's ``recv_tensor_dict`` allocates)."""
+    from vllm.distributed import get_pp_group
+    from vllm.sequence import IntermediateTensors
+
+    n = get_pp_group().world_size
+    return IntermediateTensors({k: _ops().recv(v, n) for k, v in buffers.tensors.items()})
 
 
 @contextmanager
@@ -137,4 +147,4 @@ def parallel_groups(tp: int, pp: int, pp_rank: int = 0) -> Iterator[None]:
         ps._TP, ps._PP = before
 
 
-__all__ = ["fake_group", "install", "parallel_groups"]
+__all__ = ["fake_group", "install", "parallel_groups", "received"]
