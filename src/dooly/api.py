@@ -5,6 +5,9 @@
 * :func:`sched_config`: the scheduler settings of one serving configuration;
 * :func:`memory_model`: a model's memory model on a device of a given size;
 * :func:`vllm_cpu_kv_blocks`: the KV blocks vLLM's CPU backend gives a model in a KV-cache space;
+* :func:`simulate`: `dooly simulate` (one configuration, or a sweep under an SLO), saved beside the DB;
+* :func:`validate_serving`: `dooly validate-serving`, real serving runs (HF engine or `vllm serve`) against the
+  simulator, saved beside the DB;
 * :func:`validation_predictors`: the predictors `dooly validate` scores (the profile's, and "zero new points");
 * :func:`check_calibration`: whether the DB's shared overhead fit prices a new model's forwards (``--calibrate check``);
 * :func:`profile_models`: `dooly profile`'s pipeline (trace, plan, triage, time, calibrate), with its parts
@@ -32,10 +35,12 @@ if TYPE_CHECKING:
     from dooly.predict.predictor import Predictor
     from dooly.profile import GridSpec, Plan, Savings
     from dooly.simulator import MemoryModel, SchedulerConfig
+    from dooly.simulator.memory import KVSizing
+    from dooly.simulator.study import Study
 
 
 def load_latency_model(
-    model: str,
+    model: str | ModelSpec,
     db: Path,
     dtype: str = "bfloat16",
     threads: int | None = None,
@@ -55,7 +60,7 @@ def load_latency_model(
 
 
 def serving_latency_model(
-    model: str,
+    model: str | ModelSpec,
     db: Path,
     dtype: str,
     threads: int | None,
@@ -93,7 +98,7 @@ def sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int,
 
 
 def memory_model(
-    model: str,
+    model: str | ModelSpec,
     memory_gb: float,
     utilization: float,
     dtype: str,
@@ -106,12 +111,12 @@ def memory_model(
     from dooly.engines import get_engine
     from dooly.simulator import MemoryModel
 
-    config, name = resolve_model(model)[1], Path(model).stem
+    config, name = resolve_model(model)[1], Path(str(model)).stem
     limits = (memory_gb, utilization, dtype, kv_cache_dtype, activation_gb)
     return MemoryModel(config, *limits, name=name, engine=get_engine(engine, dtype=dtype))
 
 
-def vllm_cpu_kv_blocks(model: str, gb: int, block_size: int, dtype: str) -> int:
+def vllm_cpu_kv_blocks(model: str | ModelSpec, gb: int, block_size: int, dtype: str) -> int:
     """vLLM CPU-backend KV blocks for MODEL; its architecture read as the memory model reads it everywhere
     (the HF engine's view of the config: vLLM builds its models from the same transformers config)."""
     from dooly.core.units import dtype_bytes
@@ -225,20 +230,24 @@ class NothingToProfile(DoolyError):
         self.failed = failed
 
 
-def resolved_once(models: Sequence[str]) -> list[str | ModelSpec]:
-    """``models`` as :class:`~dooly.core.zoo.ModelSpec`, resolved here once for the whole run; one that does not
-    resolve stays as given, so its error is raised where the run reports it."""
+def resolved(model: str | ModelSpec) -> str | ModelSpec:
+    """``model`` as a :class:`~dooly.core.zoo.ModelSpec`, resolved here once for a whole command (what it is
+    passed to looks nothing up again); one that does not resolve stays as given, so its error is raised where
+    the command meets it."""
     from dooly.core.zoo import ModelSpec, resolve_model
 
-    out: list[str | ModelSpec] = []
-    for m in models:
-        try:
-            name, cfg = resolve_model(m)
-        except DoolyError:
-            out.append(m)
-        else:
-            out.append(ModelSpec(name, cfg, str(m)))
-    return out
+    if isinstance(model, ModelSpec):
+        return model
+    try:
+        name, cfg = resolve_model(model)
+    except DoolyError:
+        return model
+    return ModelSpec(name, cfg, str(model))
+
+
+def resolved_once(models: Sequence[str]) -> list[str | ModelSpec]:
+    """``models`` as :func:`resolved`, once for the whole run."""
+    return [resolved(m) for m in models]
 
 
 def profiling_engine(engine: str, device: str, dtype: str, threads: int | None) -> tuple[Engine, int]:
@@ -433,3 +442,273 @@ def profile_models(
         calib = _calibrate_all(specs, policy, db, store, engine_obj, plan.ctx, threads, hooks)
         sv = savings(plan, store, predicted, calibration=None)  # the run is over: calibration as recorded
     return ProfileRun(plan, predicted, stats, calib, sv, failed, plan_s)
+
+
+# -- serving ---------------------------------------------------------------------------------------------------
+
+VLLM_BLOCK_SIZE = 128  # vLLM's CPU backend default (it prefers multiples of 32)
+SIM_WORKLOAD = "poisson:n=200,rate=2,prompt=32-512,output=8-128,seed=0"  # `dooly simulate`'s default
+VALIDATE_WORKLOAD = "poisson:n=24,rate=4,prompt=16-128,output=8-24,seed=0"  # `dooly validate-serving`'s
+
+
+def _silent(*_: object) -> None:
+    return None
+
+
+#: ``task(title, total)``: a new bar in a progress display; returns its ``advance(n)``
+TaskFn = Callable[[str, int], Callable[[int], None]]
+
+
+@contextmanager
+def _no_bars() -> Iterator[TaskFn]:
+    yield lambda title, total: _silent
+
+
+@dataclass
+class ServeHooks:
+    """How :func:`simulate` and :func:`validate_serving` report as they go (quietly unless given these).
+
+    ``report``: lines about the answer (stdout in the CLI: how the KV cache was sized, a fallback to HF eager's
+    profiles); ``log``: progress lines (stderr in the CLI: the vLLM server's start and runs); ``bars()``: a
+    context holding one progress display, giving a :data:`TaskFn` that adds a bar to it (the sweep's
+    configurations; each real run's tokens, one bar per run in the one display)."""
+
+    report: Callable[[str], object] = _silent
+    log: Callable[[str], object] = _silent
+    bars: Callable[[], AbstractContextManager[TaskFn]] = _no_bars
+
+
+def simulate(
+    model: str | ModelSpec,
+    db: Path,
+    *,
+    workload: str = SIM_WORKLOAD,
+    max_seqs: int = 32,
+    max_tokens: int = 2048,
+    chunked: bool = False,
+    block_size: int | None = None,
+    cpu_kvcache_gb: int | None = None,
+    kv_blocks: int | None = None,
+    memory_gb: float | None = None,
+    gpu_util: float = 0.9,
+    kv_cache_dtype: str = "auto",
+    activation_gb: float | None = None,
+    replicas: int = 1,
+    router: str = "round_robin",
+    router_seed: int = 0,
+    sweep: bool = False,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+    dtype: str = "bfloat16",
+    engine: str = DEFAULT_ENGINE,
+    shape: bool = False,
+    output: Path | None = None,
+    save: bool = True,
+    hooks: ServeHooks | None = None,
+) -> Study:
+    """`dooly simulate`: serve ``workload`` (a trace file or a generator spec) on MODEL in the simulator, its
+    iteration latencies from the profiles in ``db``; at one configuration, or with ``sweep`` over the config
+    grid around it under an SLO on p90 TTFT / TPOT (seconds). ``engine="vllm"`` runs vLLM v1's scheduler.
+
+    KV blocks per replica: ``kv_blocks``, else vLLM's CPU backend's in ``cpu_kvcache_gb``, else derived from a
+    device of ``memory_gb`` GiB as vLLM does, else 4096. The study's payload is saved beside the DB (``save``);
+    ``output`` gets its CSV (the sweep table, or the per-request metrics)."""
+    from dooly.report import save_result, write_sweep_csv
+    from dooly.simulator import make_router, parse_workload
+    from dooly.simulator.memory import DEFAULT_KV_BLOCKS
+    from dooly.simulator.search import SLO, config_grid
+    from dooly.simulator.study import run_study
+
+    hooks = hooks or ServeHooks()
+    make_router(router)  # an unknown name fails before any work
+    w = parse_workload(workload)
+    spec = resolved(model)  # the KV sizing, the memory model and the predictor all read this one
+    chunked = chunked or engine == "vllm"  # vLLM v1's scheduler always chunks prefills
+    block_size = block_size or (VLLM_BLOCK_SIZE if engine == "vllm" else 16)
+    if cpu_kvcache_gb is not None and kv_blocks is None:
+        kv_blocks = vllm_cpu_kv_blocks(spec, cpu_kvcache_gb, block_size, dtype)
+        hooks.report(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {cpu_kvcache_gb} GiB (vLLM CPU backend)")
+    mem = None
+    if memory_gb is not None:
+        mem = memory_model(spec, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
+    cfg = sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
+    kv = _size_kv_cache(cfg, mem, kv_blocks, hooks.report)
+    latency, _ = serving_latency_model(spec, db, dtype, None, engine, shape, log=hooks.report)
+    args: dict[str, Any] = dict(model=str(model), workload_spec=workload, workload=w, latency=latency, kv=kv)
+    args.update(memory=mem, replicas=replicas, router=router, router_seed=router_seed)
+    if sweep:
+        configs = config_grid(kv.config)
+        with hooks.bars() as task:
+            advance = task("simulating configs", len(configs))
+            study = run_study(**args, slo=SLO(slo_ttft, slo_tpot), configs=configs, progress=lambda: advance(1))
+    else:
+        study = run_study(**args)
+    if save:
+        save_result(db, f"simulation-{Path(str(model)).stem}", study.payload())
+    if output and sweep:
+        write_sweep_csv(study.points, output)
+    elif output:
+        study.result.metrics.save_csv(output)
+    return study
+
+
+def _size_kv_cache(
+    cfg: SchedulerConfig, mem: MemoryModel | None, kv_blocks: int | None, report: Callable[[str], object]
+) -> KVSizing:
+    """``cfg``'s KV cache per replica (see :func:`~dooly.simulator.memory.size_kv_cache`), reported when the
+    memory model planned it."""
+    from dooly.simulator.memory import size_kv_cache
+
+    kv = size_kv_cache(cfg, mem, kv_blocks)
+    if kv.plan is not None:
+        report(f"KV cache: {kv.plan.describe()}")
+        if kv.explicit:
+            report(
+                f"KV cache: {kv_blocks} blocks per replica from --num-kv-blocks "
+                f"(memory would give {kv.plan.num_blocks})"
+            )
+        else:
+            report(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
+    return kv
+
+
+def validate_serving(
+    model: str | ModelSpec,
+    db: Path,
+    *,
+    workload: str = VALIDATE_WORKLOAD,
+    max_seqs: int = 8,
+    max_tokens: int = 512,
+    chunked: bool = False,
+    block_size: int | None = None,
+    kv_blocks: int = 4096,
+    cpu_kvcache_gb: int = 1,
+    threads: int | None = None,
+    dtype: str = "bfloat16",
+    clock: str | None = None,
+    real_runs: int = 2,
+    warmup_runs: int = 1,
+    engine: str = DEFAULT_ENGINE,
+    device: str = "cpu",
+    save: bool = True,
+    hooks: ServeHooks | None = None,
+) -> tuple[dict[str, Any], Path | None]:
+    """`dooly validate-serving`: serve ``workload`` on the real engine ``real_runs`` times, simulate it from the
+    profiles in ``db``, and score the simulation; returns the payload and where it was saved beside the DB
+    (``save``; else None).
+
+    HF engines serve in-process at the scheduler settings given (``kv_blocks`` blocks of ``block_size``, default
+    16), timed with ``clock`` (default: the profiles' clock); ``engine="vllm"`` starts the real `vllm serve` on
+    its CPU backend (KV cache ``cpu_kvcache_gb`` GiB, blocks of 128 by default) after ``warmup_runs`` unscored.
+    ``threads``: the engine's torch threads (default: $DOOLY_THREADS or 1, as the profiler)."""
+    from dooly.profile import default_clock, default_threads
+    from dooly.report import save_result
+
+    hooks = hooks or ServeHooks()
+    threads = threads if threads is not None else default_threads()
+    spec = resolved(model)  # the predictor, the served model and the server's config all read this one
+    stem = Path(str(model)).stem
+    if engine == "vllm":
+        if device != "cpu":
+            raise DoolyError("validate-serving --engine vllm serves with vLLM's CPU backend; drop --device")
+        limits = (max_seqs, max_tokens, block_size or VLLM_BLOCK_SIZE, cpu_kvcache_gb)
+        payload = _validate_vllm(spec, db, workload, limits, threads, dtype, real_runs, warmup_runs, hooks)
+        name = f"validation-{stem}-vllm{max_tokens}-seqs{max_seqs}"
+    else:
+        clock = clock if clock is not None else default_clock(device, threads)
+        cfg = sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)
+        payload = _validate_hf(spec, db, workload, cfg, threads, dtype, clock, real_runs, engine, device, hooks)
+        name = f"validation-{stem}-{'chunked' if chunked else 'whole'}{max_tokens}-seqs{max_seqs}"
+    return payload, save_result(db, name, payload) if save else None
+
+
+def _validate_hf(
+    model: str | ModelSpec,
+    db: Path,
+    workload: str,
+    cfg: SchedulerConfig,
+    threads: int,
+    dtype: str,
+    clock: str,
+    real_runs: int,
+    engine: str,
+    device: str,
+    hooks: ServeHooks,
+) -> dict[str, Any]:
+    """Serve ``workload`` on the real HF engine ``real_runs`` times, simulate it from the profiles, return the
+    payload. The simulator is scored against each request's median over the real runs; the runs' own spread is
+    reported beside it (the noise floor: no prediction agrees with a run better than the runs agree)."""
+    import numpy as np
+
+    from dooly.core.zoo import resolve_model
+    from dooly.engines import get_engine
+    from dooly.serve.serving import average_runs, compare, request_spread, serve
+    from dooly.simulator import CachedLatency, parse_workload
+    from dooly.simulator import simulate as run_sim
+
+    w = parse_workload(workload)
+    latency = CachedLatency(load_latency_model(model, db, dtype, threads, engine, device=device))
+    eng = get_engine(engine, device=device, dtype=dtype)
+    served = eng.build_model(resolve_model(model)[1])
+    runs = []
+    with hooks.bars() as task:
+        for k in range(real_runs):
+            advance = task(f"serving {len(w)} requests on {model} (real run {k + 1}/{real_runs})", int(w.output.sum()))
+            runs.append(serve(w, served, cfg, eng, threads=threads, on_iteration=_tokens(advance), clock=clock))
+    measured = average_runs(runs)
+    simulated = run_sim(w, latency, cfg)
+    v = compare(measured, simulated, latency)
+    pred = [latency.iteration_latency(b.to_batch()) for b in measured.batches]
+    return {
+        "kind": "validation",
+        "model": str(model),
+        "workload": workload,
+        "config": cfg.label(),
+        "threads": threads,
+        "clock": clock,
+        "table": v.rows,
+        "iteration_mape": v.iteration_mape,
+        "real_runs": real_runs,
+        "run_to_run_pct": request_spread(runs),
+        "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
+        "simulated": {"ttft": simulated.metrics.ttft, "tpot": simulated.metrics.tpot, "e2e": simulated.metrics.e2e},
+        "iterations": {"measured": np.array([it.end - it.start for it in measured.iterations]), "predicted": pred},
+    }
+
+
+def _tokens(advance: Callable[[int], None]) -> Callable[[Any], None]:
+    """A real run's ``on_iteration``: advance the bar by the tokens the iteration ran."""
+    return lambda it: advance(it.num_decode + it.num_prefill)
+
+
+def _validate_vllm(
+    model: str | ModelSpec,
+    db: Path,
+    workload: str,
+    limits: tuple[int, int, int, int],
+    threads: int,
+    dtype: str,
+    real_runs: int,
+    warmup_runs: int,
+    hooks: ServeHooks,
+) -> dict[str, Any]:
+    """The real `vllm serve` under vLLM's load generator vs the simulator running vLLM v1's scheduler (see
+    :mod:`dooly.serve.vllm_serving`); ``limits``: max seqs, max batched tokens, block size, KV-cache GiB."""
+    from dooly.serve.vllm_serving import ServeConfig, validate, vllm_available
+    from dooly.simulator import CachedLatency, parse_workload
+
+    why = vllm_available()
+    if why:
+        raise DoolyError(why)
+    max_seqs, max_tokens, block_size, kvcache_gb = limits
+    w = parse_workload(workload)
+    predictor, profiled_with = serving_latency_model(model, db, dtype, threads, "vllm", log=hooks.report)
+    blocks = vllm_cpu_kv_blocks(model, kvcache_gb, block_size, dtype)
+    longest = int((w.prompt + w.output).max())
+    max_len = max(256, -(-longest // block_size) * block_size)  # the longest request, in whole blocks
+    serve_cfg = ServeConfig(max_seqs, max_tokens, block_size, kvcache_gb, dtype, threads, max_model_len=max_len)
+    latency = CachedLatency(predictor)
+    payload = validate(model, w, serve_cfg, blocks, latency, real_runs, log=hooks.log, warmup_runs=warmup_runs)
+    payload["workload"] = workload
+    payload["profiled_with"] = profiled_with
+    return payload

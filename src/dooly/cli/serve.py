@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -10,9 +12,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dooly.api import load_latency_model, memory_model, sched_config, serving_latency_model, vllm_cpu_kv_blocks
+from dooly import api
 from dooly.cli.app import app
-from dooly.core.errors import DoolyError
 from dooly.engines import DEFAULT_ENGINE
 
 out = Console()
@@ -28,7 +29,6 @@ _ENGINE_HELP = (
 )
 
 
-VLLM_BLOCK_SIZE = 128  # vLLM's CPU backend default (it prefers multiples of 32)
 KVCACHE_HELP = "vLLM CPU backend: KV-cache GiB (VLLM_CPU_KVCACHE_SPACE); the KV blocks follow from it."
 
 
@@ -41,11 +41,28 @@ ROUTER_HELP = (
 )
 
 
+@contextmanager
+def _bars() -> Iterator[api.TaskFn]:
+    """Transient progress bars on stderr, so stdout holds only the answer."""
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+
+        def task(title: str, total: int) -> Callable[[int], None]:
+            t = bar.add_task(title, total=total)
+            return lambda n: bar.advance(t, n)
+
+        yield task
+
+
+def _hooks() -> api.ServeHooks:
+    """The answer's lines on stdout; the progress (lines and bars) on stderr."""
+    return api.ServeHooks(report=out.print, log=Console(stderr=True).print, bars=_bars)
+
+
 @app.command()
 def simulate(
     model: str = typer.Argument(..., help="Model name (zoo) or config path, as profiled."),
     db: Path = typer.Option(..., "--db", help="Profile database (SQLite)."),
-    workload: str = typer.Option("poisson:n=200,rate=2,prompt=32-512,output=8-128,seed=0", help=SIM_HELP),
+    workload: str = typer.Option(api.SIM_WORKLOAD, help=SIM_HELP),
     max_seqs: int = typer.Option(32, "--max-num-seqs", help="Most requests in one iteration."),
     max_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Token budget of one iteration."),
     chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
@@ -84,65 +101,18 @@ def simulate(
     ),
 ) -> None:
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
-    from dooly.report import save_result
-    from dooly.simulator import make_router, parse_workload
-    from dooly.simulator.memory import DEFAULT_KV_BLOCKS
-    from dooly.simulator.study import run_study
-
-    make_router(router)  # an unknown name fails before any work
-    w = parse_workload(workload)
-    if engine == "vllm":  # vLLM v1's scheduler always chunks prefills
-        chunked = True
-    block_size = block_size or (VLLM_BLOCK_SIZE if engine == "vllm" else 16)
-    if cpu_kvcache_gb is not None and kv_blocks is None:
-        kv_blocks = vllm_cpu_kv_blocks(model, cpu_kvcache_gb, block_size, dtype)
-        out.print(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {cpu_kvcache_gb} GiB (vLLM CPU backend)")
-    mem = None
-    if memory_gb is not None:
-        mem = memory_model(model, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
-    kv = _size_kv_cache(sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS), mem, kv_blocks)
-    latency, _ = serving_latency_model(model, db, dtype, None, engine, shape, log=out.print)
-    study_args = dict(model=model, workload_spec=workload, workload=w, latency=latency, kv=kv, memory=mem)
-    study_args.update(replicas=replicas, router=router, router_seed=router_seed)
+    kw = {"max_seqs": max_seqs, "max_tokens": max_tokens, "chunked": chunked, "block_size": block_size}
+    kw |= {"cpu_kvcache_gb": cpu_kvcache_gb, "kv_blocks": kv_blocks, "memory_gb": memory_gb, "gpu_util": gpu_util}
+    kw |= {"kv_cache_dtype": kv_cache_dtype, "activation_gb": activation_gb, "replicas": replicas, "router": router}
+    kw |= {"router_seed": router_seed, "sweep": sweep, "slo_ttft": slo_ttft, "slo_tpot": slo_tpot, "dtype": dtype}
+    kw |= {"engine": engine, "shape": shape, "output": output}
+    study = api.simulate(model, db, workload=workload, **kw, hooks=_hooks())
     if sweep:
-        study = _run_sweep(study_args, slo_ttft, slo_tpot)
         print_sweep(study)
     else:
-        study = run_study(**study_args)
-        _print_study(study, model, len(w))
-    save_result(db, f"simulation-{Path(model).stem}", study.payload())
+        _print_study(study, model, len(study.result.requests))
     if output:
-        _save_csv(study, output, sweep)
-
-
-def _size_kv_cache(cfg, mem, kv_blocks: int | None):  # type: ignore[no-untyped-def]
-    """``cfg``'s KV cache per replica (see :func:`~dooly.simulator.memory.size_kv_cache`), printed when the
-    memory model planned it."""
-    from dooly.simulator.memory import size_kv_cache
-
-    kv = size_kv_cache(cfg, mem, kv_blocks)
-    if kv.plan is not None:
-        out.print(f"KV cache: {kv.plan.describe()}")
-        if kv.explicit:
-            out.print(
-                f"KV cache: {kv_blocks} blocks per replica from --num-kv-blocks "
-                f"(memory would give {kv.plan.num_blocks})"
-            )
-        else:
-            out.print(f"KV cache: {kv.plan.num_blocks} blocks per replica, derived from memory")
-    return kv
-
-
-def _run_sweep(study_args: dict, slo_ttft: float | None, slo_tpot: float | None):  # type: ignore[no-untyped-def]
-    """`simulate --sweep`: the study over the config grid around the given config, with a progress bar."""
-    from dooly.simulator.search import SLO, config_grid
-    from dooly.simulator.study import run_study
-
-    configs = config_grid(study_args["kv"].config)
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("simulating configs", total=len(configs))
-        slo = SLO(slo_ttft, slo_tpot)
-        return run_study(**study_args, slo=slo, configs=configs, progress=lambda: bar.advance(task))
+        out.print(f"sweep table: {output}" if sweep else f"per-request metrics: {output}")
 
 
 def _print_study(study, model: str, n_requests: int) -> None:  # type: ignore[no-untyped-def]
@@ -154,18 +124,6 @@ def _print_study(study, model: str, n_requests: int) -> None:  # type: ignore[no
     print_summary(res.summary, title)
     if study.replicas > 1:
         out.print(f"requests per replica: {', '.join(map(str, res.replica_counts()))}")
-
-
-def _save_csv(study, output: Path, sweep: bool) -> None:  # type: ignore[no-untyped-def]
-    """`--output`: the sweep table, or the per-request metrics of the one configuration."""
-    if sweep:
-        from dooly.report import write_sweep_csv
-
-        write_sweep_csv(study.points, output)
-        out.print(f"sweep table: {output}")
-    else:
-        study.result.metrics.save_csv(output)
-        out.print(f"per-request metrics: {output}")
 
 
 def print_sweep(study) -> None:  # type: ignore[no-untyped-def]
@@ -225,116 +183,6 @@ def print_summary(s, title: str) -> None:
     )
 
 
-def run_validation(
-    model: str,
-    db: Path,
-    workload: str,
-    cfg,
-    threads: int,
-    dtype: str,
-    clock: str,
-    real_runs: int = 2,
-    engine: str = DEFAULT_ENGINE,
-    device: str = "cpu",
-) -> dict:
-    """Serve `workload` on the real engine `real_runs` times, simulate it from the profiles, return the payload.
-
-    The simulator is scored against each request's median over the real runs; the runs' own spread is
-    reported beside it (the noise floor: no prediction agrees with a run better than the runs agree).
-    """
-    import numpy as np
-
-    from dooly.core.zoo import resolve_model
-    from dooly.engines import get_engine
-    from dooly.serve.serving import average_runs, compare, request_spread, serve
-    from dooly.simulator import CachedLatency, parse_workload
-    from dooly.simulator import simulate as run_sim
-
-    w = parse_workload(workload)
-    latency = CachedLatency(load_latency_model(model, db, dtype, threads, engine, device=device))
-    eng = get_engine(engine, device=device, dtype=dtype)
-    served = eng.build_model(resolve_model(model)[1])
-    runs = []
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        for k in range(real_runs):
-            task = bar.add_task(
-                f"serving {len(w)} requests on {model} (real run {k + 1}/{real_runs})", total=int(w.output.sum())
-            )
-            runs.append(
-                serve(
-                    w,
-                    served,
-                    cfg,
-                    eng,
-                    threads=threads,
-                    on_iteration=lambda it, task=task: bar.advance(task, it.num_decode + it.num_prefill),
-                    clock=clock,
-                )
-            )
-    measured = average_runs(runs)
-    simulated = run_sim(w, latency, cfg)
-    v = compare(measured, simulated, latency)
-    pred = [latency.iteration_latency(b.to_batch()) for b in measured.batches]
-    return {
-        "kind": "validation",
-        "model": model,
-        "workload": workload,
-        "config": cfg.label(),
-        "threads": threads,
-        "clock": clock,
-        "table": v.rows,
-        "iteration_mape": v.iteration_mape,
-        "real_runs": real_runs,
-        "run_to_run_pct": request_spread(runs),
-        "measured": {"ttft": measured.metrics.ttft, "tpot": measured.metrics.tpot, "e2e": measured.metrics.e2e},
-        "simulated": {"ttft": simulated.metrics.ttft, "tpot": simulated.metrics.tpot, "e2e": simulated.metrics.e2e},
-        "iterations": {"measured": np.array([it.end - it.start for it in measured.iterations]), "predicted": pred},
-    }
-
-
-def run_vllm_validation(
-    model: str,
-    db: Path,
-    workload: str,
-    max_seqs: int,
-    max_tokens: int,
-    block_size: int,
-    kvcache_gb: int,
-    threads: int,
-    dtype: str,
-    real_runs: int,
-    warmup_runs: int = 1,
-) -> dict:
-    """`validate-serving --engine vllm`: the real `vllm serve` under vLLM's load generator vs the simulator
-    running vLLM v1's scheduler (see :mod:`dooly.serve.vllm_serving`)."""
-    from dooly.serve.vllm_serving import ServeConfig, validate, vllm_available
-    from dooly.simulator import CachedLatency, parse_workload
-
-    why = vllm_available()
-    if why:
-        raise DoolyError(why)
-    w = parse_workload(workload)
-    predictor, profiled_with = serving_latency_model(model, db, dtype, threads, "vllm", log=out.print)
-    blocks = vllm_cpu_kv_blocks(model, kvcache_gb, block_size, dtype)
-    longest = int((w.prompt + w.output).max())
-    serve_cfg = ServeConfig(
-        max_seqs,
-        max_tokens,
-        block_size,
-        kvcache_gb,
-        dtype,
-        threads,
-        max_model_len=max(256, -(-longest // block_size) * block_size),
-    )
-    log = Console(stderr=True).print
-    payload = validate(
-        model, w, serve_cfg, blocks, CachedLatency(predictor), real_runs, log=log, warmup_runs=warmup_runs
-    )
-    payload["workload"] = workload
-    payload["profiled_with"] = profiled_with
-    return payload
-
-
 def print_validation(payload: dict) -> None:
     table = Table(
         "metric",
@@ -384,7 +232,7 @@ def print_validation(payload: dict) -> None:
 def validate_serving(
     model: str = typer.Argument(..., help="Model name (zoo) or config path, as profiled."),
     db: Path = typer.Option(..., "--db", help="Profile database (SQLite)."),
-    workload: str = typer.Option("poisson:n=24,rate=4,prompt=16-128,output=8-24,seed=0", help=SIM_HELP),
+    workload: str = typer.Option(api.VALIDATE_WORKLOAD, help=SIM_HELP),
     max_seqs: int = typer.Option(8, "--max-num-seqs", help="Most requests in one iteration."),
     max_tokens: int = typer.Option(512, "--max-num-batched-tokens", help="Token budget of one iteration."),
     chunked: bool = typer.Option(False, "--chunked-prefill/--no-chunked-prefill", help="Split long prompts."),
@@ -408,39 +256,11 @@ def validate_serving(
     device: str = typer.Option("cpu", "--device", help="hf-eager: cpu or cuda, as profiled (vLLM: its CPU backend)."),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
-    from dooly.profile import default_threads
-    from dooly.report import save_result
-
-    threads = threads if threads is not None else default_threads()
-    if engine == "vllm":
-        if device != "cpu":
-            raise DoolyError("validate-serving --engine vllm serves with vLLM's CPU backend; drop --device")
-        payload = run_vllm_validation(
-            model,
-            db,
-            workload,
-            max_seqs,
-            max_tokens,
-            block_size or VLLM_BLOCK_SIZE,
-            cpu_kvcache_gb,
-            threads,
-            dtype,
-            real_runs,
-            warmup_runs,
-        )
-        print_validation(payload)
-        path = save_result(db, f"validation-{Path(model).stem}-vllm{max_tokens}-seqs{max_seqs}", payload)
-        out.print(f"result: {path}")
-        return
-    if clock is None:
-        from dooly.profile import default_clock
-
-        clock = default_clock(device, threads)
-    cfg = sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)
-    payload = run_validation(model, db, workload, cfg, threads, dtype, clock, real_runs, engine, device)
+    kw = {"max_seqs": max_seqs, "max_tokens": max_tokens, "chunked": chunked, "block_size": block_size}
+    kw |= {"kv_blocks": kv_blocks, "cpu_kvcache_gb": cpu_kvcache_gb, "threads": threads, "dtype": dtype}
+    kw |= {"clock": clock, "real_runs": real_runs, "warmup_runs": warmup_runs, "engine": engine, "device": device}
+    payload, path = api.validate_serving(model, db, workload=workload, **kw, hooks=_hooks())
     print_validation(payload)
-    mode = "chunked" if chunked else "whole"
-    path = save_result(db, f"validation-{Path(model).stem}-{mode}{max_tokens}-seqs{max_seqs}", payload)
     out.print(f"result: {path}")
 
 

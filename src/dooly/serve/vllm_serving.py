@@ -34,7 +34,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from dooly.engines import _reaper
 from dooly.engines._tmpdirs import owned_tmpdir
 from dooly.simulator.metrics import RequestMetrics
 from dooly.simulator.workload import Workload
+
+if TYPE_CHECKING:
+    from dooly.core.zoo import ModelSpec
 
 
 def vllm_available() -> str | None:
@@ -68,7 +71,7 @@ def cpu_serving_dtype() -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
-def write_model_dir(model: str, dest: str | Path) -> tuple[str, Path]:
+def write_model_dir(model: str | ModelSpec, dest: str | Path) -> tuple[str, Path]:
     """A directory vLLM can load with dummy weights: MODEL's config (zoo name or config path) as config.json."""
     from dooly.core.zoo import resolve_model
     from dooly.engines.hf import causal_lm_architectures
@@ -162,7 +165,7 @@ def _free_port() -> int:
 class VLLMServer:
     """``vllm serve`` on MODEL (dummy weights) for the life of a ``with`` block."""
 
-    def __init__(self, model: str, config: ServeConfig, workdir: str | Path | None = None) -> None:
+    def __init__(self, model: str | ModelSpec, config: ServeConfig, workdir: str | Path | None = None) -> None:
         self.model = model
         self.config = config
         # a directory of its own unless given one: removed on exit, and after a kill by the next dooly process
@@ -435,7 +438,7 @@ def simulated_median_itl(requests: list) -> np.ndarray:
 
 
 def validate(
-    model: str,
+    model: str | ModelSpec,
     workload: Workload,
     config: ServeConfig,
     num_kv_blocks: int,
@@ -475,7 +478,7 @@ def validate(
     return {
         "kind": "validation",
         "engine": "vllm",
-        "model": model,
+        "model": str(model),
         "workload": workload.name,
         "config": cfg.label() + f" block={cfg.block_size} kv_blocks={cfg.num_kv_blocks}",
         "threads": config.threads,
@@ -500,7 +503,7 @@ def validate(
     }
 
 
-def _check_servable(model: str, workload: Workload, config: ServeConfig) -> None:
+def _check_servable(model: str | ModelSpec, workload: Workload, config: ServeConfig) -> None:
     """Refuse, before starting a server, a workload longer than ``max_model_len`` or weights too large."""
     from dooly.core.zoo import resolve_model
     from dooly.engines.hf import HFEagerEngine
