@@ -180,12 +180,13 @@ def sweep(
     console: Console,
     save: Path | None = None,
     engine_name: str = "hf-eager",
+    tp: int = 1,
 ) -> list[dict[str, Any]]:
     """Trace each architecture in each phase; with ``save``, rows are written there after each architecture and
     the architectures already in it are skipped (a sweep cut short by a time limit resumes)."""
     from dooly.engines import get_engine
 
-    engine = get_engine(engine_name)
+    engine = get_engine(engine_name, tp=tp)
     rows = json.loads(save.read_text()) if save is not None and save.exists() else []
     done = {r["arch"] for r in rows}
     signal.signal(signal.SIGALRM, _alarm)
@@ -286,6 +287,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the rows here (and resume from it: its architectures are skipped)")
     ap.add_argument("--merge", type=Path, nargs="+", help="skip tracing: print the table of these --json files")
     ap.add_argument("--engine", default="hf-eager", help="hf-eager (default) or vllm")
+    ap.add_argument("--tp", type=int, default=1, help="trace rank 0 of a tensor-parallel replica (vllm)")
     a = ap.parse_args()
     console = Console(width=220)
     if a.merge:
@@ -303,7 +305,7 @@ def main() -> None:
             console.print(f"{len(archs)} of {len(every)} causal-LM architectures have a class vLLM registers")
         i, n = (int(x) for x in a.shard.split("/"))
         archs = archs[i::n]
-        rows = sweep(archs, a.phases.split(","), a.timeout, console, a.json, engine_name=a.engine)
+        rows = sweep(archs, a.phases.split(","), a.timeout, console, a.json, engine_name=a.engine, tp=a.tp)
     report(rows, console)
 
 

@@ -158,3 +158,17 @@ def test_trace_cli_takes_the_tensor_parallel_size(tmp_path) -> None:  # type: ig
     res = CliRunner().invoke(app, ["trace", str(path), "--engine", "vllm", "--tp", "2", "--phase", "decode", "--ops"])
     assert res.exit_code == 0, res.output
     assert "vllm/cpu/tp2" in res.output and "dooly_vllm.all_reduce" in res.output
+
+
+def test_a_hybrid_ssm_rank_runs_the_ops_it_traced(tp2) -> None:  # type: ignore[no-untyped-def]
+    # the Mamba2 mixer replaces its parameters' weight loaders while it is built at TP > 1 (kept on fake tensors
+    # too), and its state cache is unpacked by the rank's shard sizes when bound
+    cfg = {"model_type": "falcon_h1", "vocab_size": 128, "hidden_size": 128, "intermediate_size": 96,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "max_position_embeddings": 512}  # fmt: skip
+    trace = trace_model(cfg, "prefill", engine=tp2)
+    assert Counter(r.signature.op for r in trace.records)[ALL_REDUCE] > 2 * 2  # the mixers' too
+    torch.manual_seed(0)
+    traced, real = traced_and_real_ops(tp2, tp2.build_model(cfg), trace)
+    kernels = [op for op in real if op[0] != "aten.alias.default"]
+    assert [op for op in traced if op[0] != "aten.alias.default"] == kernels

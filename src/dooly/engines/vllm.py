@@ -22,7 +22,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -376,9 +376,9 @@ class VLLMEngine(Engine):
         if self.tp == self.pp == 1:
             yield
             return
-        from dooly.engines.vllm_parallel import parallel_groups
+        from dooly.engines.vllm_parallel import parallel_groups, parameter_attributes_on_fakes
 
-        with parallel_groups(self.tp, self.pp, self.stage):
+        with parallel_groups(self.tp, self.pp, self.stage), parameter_attributes_on_fakes() if init else nullcontext():
             yield
 
     def build_model(self, config: Mapping[str, Any], *, num_layers: int | None = None) -> Any:
@@ -586,6 +586,17 @@ class VLLMEngine(Engine):
         }
 
     def forward(self, model: Any, inputs: Mapping[str, Any]) -> Any:
+        st: _State = model._dooly_vllm
+        with self._parallel():  # a state layer unpacks its cache by the shard sizes of this engine's rank
+            for name, layer in st.layers.items():
+                layer.bind_kv_cache(inputs["kv_caches"][name])  # as vLLM binds them (a state layer unpacks its bytes)
+                layer._dooly_step = inputs["step_tensors"][name]  # the step's lengths, for a routed layer's op
+            return self._run(model, st, inputs)
+
+    @staticmethod
+    def _run(model: Any, st: _State, inputs: Mapping[str, Any]) -> Any:
+        """The step under vLLM's forward context: the model, then the logits and the greedy pick (a pipeline
+        stage before the last hands its hidden states on instead)."""
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.distributed import get_pp_group
@@ -593,14 +604,10 @@ class VLLMEngine(Engine):
 
         from dooly.engines.vllm_parallel import received
 
-        st: _State = model._dooly_vllm
-        for name, layer in st.layers.items():
-            layer.bind_kv_cache(inputs["kv_caches"][name])  # as vLLM binds them (a state layer unpacks its bytes)
-            layer._dooly_step = inputs["step_tensors"][name]  # the step's lengths, for a routed layer's op
         r, t, _ = inputs["shape"]
         with torch.no_grad(), set_current_vllm_config(st.vllm_config), set_forward_context(
             inputs["attn_metadata"], st.vllm_config, num_tokens=r * t, slot_mapping=inputs["slot_mapping"]
-        ), self._parallel():  # fmt: skip
+        ):  # fmt: skip
             # a later pipeline stage starts from the hidden states it receives
             stage = {"intermediate_tensors": received(inputs["stage_recv"])} if "stage_recv" in inputs else {}
             hidden = model(input_ids=inputs["input_ids"], positions=inputs["positions"], **stage)

@@ -121,6 +121,30 @@ def fake_group(real: Any, world_size: int, rank: int = 0) -> Any:
     return group
 
 
+@contextmanager
+def parameter_attributes_on_fakes() -> Iterator[None]:
+    """While a model is built: a vLLM parameter (``ModelWeightParameter`` ...) made from a fake tensor keeps the
+    attributes it is made with. torch hands back the fake tensor itself for a ``Parameter`` subclass of one, so the
+    class's ``__init__`` never runs and its ``weight_loader`` is missing, which vLLM's sharded layers (the Mamba2
+    mixer at TP > 1) delete and replace while they are built."""
+    from vllm.model_executor.parameter import BasevLLMParameter
+
+    original = BasevLLMParameter.__dict__["__new__"]
+
+    def __new__(cls: type, data: Any = None, **kwargs: Any) -> Any:
+        t = original(cls, data, **kwargs)
+        if not isinstance(t, cls):
+            for k, v in kwargs.items():
+                setattr(t, k, v)
+        return t
+
+    BasevLLMParameter.__new__ = __new__
+    try:
+        yield
+    finally:
+        BasevLLMParameter.__new__ = original
+
+
 def received(buffers: Any) -> Any:
     """A later pipeline stage's inputs (vLLM's ``IntermediateTensors``), each received through
     ``dooly_vllm::recv`` into its buffer (what vLLM's ``recv_tensor_dict`` allocates)."""
@@ -147,4 +171,4 @@ def parallel_groups(tp: int, pp: int, pp_rank: int = 0) -> Iterator[None]:
         ps._TP, ps._PP = before
 
 
-__all__ = ["fake_group", "install", "parallel_groups", "received"]
+__all__ = ["fake_group", "install", "parallel_groups", "parameter_attributes_on_fakes", "received"]
