@@ -14,6 +14,10 @@ over its tensor (its byte count) and the group size:
   ``reduce_scatter(x, dim, group_size)``, ``gather(x, dim, group_size)`` (on the destination rank);
 * ``dooly_vllm::send(x, group_size)``: a pipeline stage handing a tensor to the next (a copy of it);
   ``dooly_vllm::recv(x, group_size)``: a stage receiving one (``x`` gives the shape; its copy is what arrived).
+
+A vocabulary-parallel embedding masks the token ids outside its shard with a function vLLM compiles into one
+kernel (``get_masked_input_and_mask``); a dispatch mode would see (and price) its dozen eager ops instead, so while
+observed it runs as ``dooly_vllm::vocab_parallel_mask``, whose kernel is vLLM's compiled function.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ _SIGNATURES = {
     "gather": "gather(Tensor x, int dim, int group_size) -> Tensor",
     "send": "send(Tensor x, int group_size) -> Tensor",
     "recv": "recv(Tensor x, int group_size) -> Tensor",
+    "vocab_parallel_mask": "vocab_parallel_mask(Tensor input, int org_start, int org_end, int padding, "
+    "int added_start, int added_end) -> (Tensor, Tensor)",
 }
 
 
@@ -65,7 +71,25 @@ def install() -> None:
         lib.impl(name, fn, "CPU")
         # the fake runs the same shape arithmetic on fake tensors (sizes stay symbolic)
         torch.library.register_fake(f"dooly_vllm::{name}", fn, lib=lib)
+    _route_vocab_mask(lib)
     _LIB = lib
+
+
+def _route_vocab_mask(lib: Any) -> None:
+    """vLLM's compiled vocabulary mask as one op while observed (its eager body computes the fake's result)."""
+    from vllm.model_executor.layers import vocab_parallel_embedding as vpe
+
+    from dooly.engines.vllm_ops import observed
+
+    compiled = vpe.get_masked_input_and_mask
+    eager = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+    lib.impl("vocab_parallel_mask", lambda *a: compiled(*a), "CPU")
+    torch.library.register_fake("dooly_vllm::vocab_parallel_mask", lambda *a: eager(*a), lib=lib)
+
+    def masked(input_: torch.Tensor, *bounds: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _ops().vocab_parallel_mask(input_, *bounds) if observed(input_) else compiled(input_, *bounds)
+
+    vpe.get_masked_input_and_mask = masked
 
 
 def _ops() -> Any:
