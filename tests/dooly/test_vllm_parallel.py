@@ -174,3 +174,15 @@ def test_a_hybrid_ssm_rank_runs_the_ops_it_traced(tp2) -> None:  # type: ignore[
     traced, real = traced_and_real_ops(tp2, tp2.build_model(cfg), trace)
     kernels = [op for op in real if op[0] != "aten.alias.default"]
     assert [op for op in traced if op[0] != "aten.alias.default"] == kernels
+
+
+def test_the_trace_cache_keeps_a_rank_apart_from_the_whole_model(tp2, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from dooly.db.store import ProfileStore
+    from dooly.profile.traces import model_traces
+
+    with ProfileStore(tmp_path / "p.db") as store:
+        for _ in range(2):  # traced, then read back from the cache
+            one = model_traces("tiny", LLAMA, get_engine("vllm"), store)["decode"]
+            two = model_traces("tiny", LLAMA, tp2, store)["decode"]
+            assert not [r for r in one.records if r.signature.op == ALL_REDUCE]
+            assert [r for r in two.records if r.signature.op == ALL_REDUCE]
