@@ -642,7 +642,7 @@ def _validate_hf(
 
     from dooly.core.zoo import resolve_model
     from dooly.engines import get_engine
-    from dooly.serve.serving import average_runs, compare, request_spread, serve
+    from dooly.serve.serving import average_runs, compare, percentile_scores, pooled_itl, request_spread, serve
     from dooly.simulator import CachedLatency, parse_workload
     from dooly.simulator import simulate as run_sim
 
@@ -666,6 +666,9 @@ def _validate_hf(
         "config": cfg.label(),
         "threads": threads,
         "clock": clock,
+        "percentiles": percentile_scores(
+            [(r.metrics, pooled_itl(r.requests)) for r in runs], simulated.metrics, pooled_itl(simulated.requests)
+        ),
         "table": v.rows,
         "iteration_mape": v.iteration_mape,
         "real_runs": real_runs,

@@ -62,6 +62,14 @@ def test_plan_profile_validate(configs, monkeypatch) -> None:
     again = runner.invoke(app, ["validate", str(a), "--db", str(db), "--repeats", "1", "--method", "interp", "--keep"])
     assert again.exit_code == 0, again.output
     assert re.findall(r"MAPE prefill .*", again.output) == re.findall(r"MAPE prefill .*", res.output)
+    # serving: percentiles first (as `vllm bench serve` prints them), per-request errors second
+    w = "static:n=4,prompt=8-24,output=3-5,seed=0"
+    res = runner.invoke(app, ["validate-serving", str(a), "--db", str(db), "--workload", w, "--clock", "thread"])
+    assert res.exit_code == 0, res.output
+    line = re.search(
+        r"percentile error \(p50/p90/p99 averaged\): TTFT [\d.]+% +TPOT [\d.]+% +ITL [\d.]+% +E2E", res.output
+    )
+    assert line and res.output.index("percentile error") < res.output.index("per request, in arrival order")
 
 
 def test_validate_without_db_is_one_clear_error(configs) -> None:

@@ -158,3 +158,29 @@ def test_distribution_error_ignores_which_request_waited():
     runs = np.stack([measured, swapped * 1.2])
     assert stats.quantile_spread_pct(runs) == pytest.approx(stats.spread_pct(np.stack([measured, measured * 1.2])))
     assert np.isnan(stats.quantile_spread_pct(runs[:1]))  # one run: no floor
+
+
+def test_percentile_errors_score_each_runs_percentiles_with_their_spread():
+    from dooly.core import stats
+
+    base = np.linspace(0.01, 1.0, 200)
+    runs = [base, base * 1.1]  # two real runs, the second 10% slower throughout
+    s = stats.percentile_errors(base * 1.05, runs)
+    assert s["percentiles"] == [50.0, 90.0, 99.0]
+    np.testing.assert_allclose(s["measured"], np.percentile(base, [50, 90, 99]) * 1.05)  # median of the runs'
+    np.testing.assert_allclose(s["error_pct"], 0.0, atol=1e-9)
+    assert s["mean_spread_pct"] == pytest.approx(100 * 0.1 / 1.05)  # (max - min) / mean of the two runs
+    assert stats.percentile_errors(base[::-1] * 1.2, runs[:1])["mean_error_pct"] == pytest.approx(20.0)
+    assert np.isnan(stats.percentile_errors(base, runs[:1])["mean_spread_pct"])  # one run: no noise floor
+
+
+def test_pooled_itl_takes_every_gap_of_every_request():
+    from types import SimpleNamespace
+
+    reqs = [
+        SimpleNamespace(token_times=[1.0, 1.5, 2.5]),
+        SimpleNamespace(token_times=[3.0]),
+        SimpleNamespace(token_times=[0.0, 0.25]),
+    ]
+    np.testing.assert_allclose(serving.pooled_itl(reqs), [0.5, 1.0, 0.25])
+    assert len(serving.pooled_itl([])) == 0

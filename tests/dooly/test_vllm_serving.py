@@ -218,6 +218,12 @@ def test_real_vllm_serve_against_the_simulator(tmp_path):
     assert {r["metric"] for r in payload["table"]} == {"TTFT", "TPOT"}
     assert all(np.isfinite(r["quantile_err_pct"]) for r in payload["table"])
     assert np.isfinite(payload["iteration_mape"])
+    # the headline: p50/p90/p99 of TTFT, TPOT, ITL and E2E, each with the two real runs' spread beside it
+    pcts = payload["percentiles"]
+    assert set(pcts) == {"ttft", "tpot", "itl", "e2e"} and pcts["itl"]["percentiles"] == [50.0, 90.0, 99.0]
+    assert all(np.isfinite(s["mean_error_pct"]) and np.isfinite(s["mean_spread_pct"]) for s in pcts.values())
+    real_p50s = [r["ttft_p50"] for r in payload["runs"] if r["kind"] == "real"]
+    assert pcts["ttft"]["measured"][0] == pytest.approx(np.median(real_p50s))  # each run's p50, then their median
     admitted = payload["admission_order"]  # read from the server's log (--enable-log-requests)
     assert admitted is not None and len(admitted["requests_out_of_order"]) == 2
     assert np.isfinite(admitted["ttft_mape"]) and np.isfinite(admitted["iteration_mape"])

@@ -183,7 +183,40 @@ def print_summary(s, title: str) -> None:
     )
 
 
+def _print_percentiles(payload: dict) -> None:
+    """The headline: each metric's p50/p90/p99 as `vllm bench serve` prints them, measured (the median of the
+    real runs' percentiles) vs simulated, the error at each and averaged, and the runs' spread beside it."""
+    scores = payload.get("percentiles")
+    if not scores:
+        return
+    ps = "/".join(f"p{p:g}" for p in next(iter(scores.values()))["percentiles"])
+    table = Table(
+        "metric",
+        f"measured {ps} ms",
+        f"simulated {ps} ms",
+        f"error {ps}",
+        "mean error",
+        "runs apart",
+        title=f"{payload['model']}: {payload['workload']} ({payload['config']}, {payload['clock']} clock)",
+    )
+    for metric, s in scores.items():
+        table.add_row(
+            metric.upper(),
+            " / ".join(_ms(x) for x in s["measured"]),
+            " / ".join(_ms(x) for x in s["simulated"]),
+            " / ".join(f"{x:.1f}%" for x in s["error_pct"]),
+            f"{s['mean_error_pct']:.1f}%",
+            "-" if not math.isfinite(s["mean_spread_pct"]) else f"{s['mean_spread_pct']:.1f}%",
+        )
+    out.print(table)
+    out.print(
+        f"percentile error ({ps} averaged): "
+        + "  ".join(f"{m.upper()} {s['mean_error_pct']:.1f}%" for m, s in scores.items())
+    )
+
+
 def print_validation(payload: dict) -> None:
+    _print_percentiles(payload)
     table = Table(
         "metric",
         "measured p50 ms",
@@ -192,7 +225,9 @@ def print_validation(payload: dict) -> None:
         "sim mean ms",
         "per-request MAPE",
         "p10-p90 error",
-        title=f"{payload['model']}: {payload['workload']} ({payload['config']}, {payload['clock']} clock)",
+        title="per request, in arrival order (secondary: moved by the server's admission order, see README)"
+        if payload.get("percentiles")
+        else f"{payload['model']}: {payload['workload']} ({payload['config']}, {payload['clock']} clock)",
     )
     for r in payload["table"]:
         table.add_row(

@@ -155,6 +155,29 @@ def request_spread(runs: list[ServingResult]) -> dict[str, float]:
     return out
 
 
+def pooled_itl(requests: list[Request]) -> np.ndarray:
+    """Every gap between consecutive tokens of every request: the pool `vllm bench serve` takes its ITL
+    percentiles over."""
+    gaps = [np.diff(np.asarray(r.token_times, dtype=np.float64)) for r in requests]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+#: the metrics serving validation headlines, as `vllm bench serve` prints them
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+def percentile_scores(
+    runs: list[tuple[RequestMetrics, np.ndarray]], simulated: RequestMetrics, simulated_itl: np.ndarray
+) -> dict[str, dict]:
+    """Per metric, the simulation's p50/p90/p99 against the real runs' (``runs``: each run's per-request
+    metrics and pooled inter-token gaps), with the runs' spread at each percentile (the noise floor)."""
+    out = {}
+    for m in PERCENTILE_METRICS:
+        measured = [itl if m == "itl" else getattr(met, m) for met, itl in runs]
+        out[m] = stats.percentile_errors(simulated_itl if m == "itl" else getattr(simulated, m), measured)
+    return out
+
+
 @dataclass
 class Validation:
     """Simulated vs measured serving of one workload, plus the predictor's error on the measured iterations."""

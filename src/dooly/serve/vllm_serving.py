@@ -456,7 +456,7 @@ def validate(
     streamed chunk per iteration). The runs' spread on each is the noise floor printed beside it.
     `warmup_runs` serve the workload first and are not scored (each run's p50s are kept either way)."""
     from dooly.core import stats
-    from dooly.serve.serving import average_runs, request_rows, request_spread
+    from dooly.serve.serving import average_runs, percentile_scores, pooled_itl, request_rows, request_spread
     from dooly.simulator import simulate, vllm_v1_config
 
     cfg = vllm_v1_config(config.max_num_seqs, config.max_num_batched_tokens, config.block_size, num_kv_blocks)
@@ -475,6 +475,7 @@ def validate(
     noise = request_spread(runs)
     noise["itl"] = stats.spread_pct(itl_runs)
     admitted = _admitted_scores(workload, runs, latency, cfg, measured.metrics, itl_meas)
+    pooled = [(r.metrics, np.concatenate(r.itl) if r.itl else np.zeros(0)) for r in runs]
     return {
         "kind": "validation",
         "engine": "vllm",
@@ -483,6 +484,7 @@ def validate(
         "config": cfg.label() + f" block={cfg.block_size} kv_blocks={cfg.num_kv_blocks}",
         "threads": config.threads,
         "clock": "wall",
+        "percentiles": percentile_scores(pooled, sim.metrics, pooled_itl(sim.requests)),
         "table": request_rows(measured.metrics, sim.metrics),
         "iteration_mape": stats.mape(itl_sim, itl_meas),
         "iteration_metric": "per-request median inter-token latency",
