@@ -96,8 +96,18 @@ def main() -> None:
           "each request's median inter-token latency (vLLM reports no iteration timings). admitted: the "
           "requests each run's front end handed to the engine out of arrival order, and the TTFT / TPOT / "
           "iteration MAPE of the simulation in that order (from the server's log)")  # fmt: skip
+    _print_percentiles(payloads, [*args.models, *args.unprofiled])
     if args.json:
         args.json.write_text(json.dumps(payloads, default=lambda a: np.asarray(a).tolist(), indent=1))
+
+
+def _print_percentiles(payloads: list[dict], models: list[str]) -> None:
+    """The headline figures: p50/p90/p99 errors as `vllm bench serve` reports them, the runs' spread beside each."""
+    print("percentile error, p50/p90/p99 averaged (runs apart at the same percentiles):")
+    for model, p in zip(models, payloads, strict=True):
+        pct = p["percentiles"].items()
+        cells = [f"{m.upper()} {s['mean_error_pct']:.1f}% ({s['mean_spread_pct']:.1f}%)" for m, s in pct]
+        print(f"  {Path(model).stem:20s} " + "  ".join(cells))
 
 
 def _admitted(adm: dict | None) -> str:
