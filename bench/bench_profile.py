@@ -15,9 +15,10 @@ signature and grid-point counts (from tracing alone, no timing: exact) and devic
 signatures this DB holds and, for the rest, what profiling their points would cost at the shape model's
 predicted latency (dooly.profile.savings.estimate_costs; the share estimated is printed), with exact reuse
 and with the shape model predicting all but ``--budget`` signatures per model.
-``--shapes`` validates, on the same held-out real forwards: each profiled model with its full profile, with
-zero new points (held out of every fit), and with its budget replayed (only the ``--budget`` least certain of
-its own signatures measured); and configs outside the zoo (OUTSIDE) that were never profiled, with zero new
+``--shapes`` validates, on the same held-out real forwards: each profiled model with its full profile, with its
+own points but the overhead fitted on the other models (what ``--calibrate none`` gives), with zero new points
+(held out of every fit), and with its budget replayed (only the ``--budget`` least certain of its own
+signatures measured); and configs outside the zoo (OUTSIDE) that were never profiled, with zero new
 points where the shape model covers every operator kind, else after profiling only the uncovered kinds.
 
 Timing uses one torch thread and, on the CPU, the thread-CPU clock (see dooly.profile.default_clock): on a
@@ -133,7 +134,10 @@ def shape_predictors(  # type: ignore[no-untyped-def]
     from dooly.profile.budget import triage
 
     preds: dict[str, Predictor] = {}
-    for label, kw in (("exact", {}), ("zero new points", {"holdout": True})):
+    # exact: calibrated in full (--calibrate all); shared overhead: own points, the overhead fitted on the other
+    # models (--calibrate none, or a check that passed); zero new points: nothing of its own
+    labels = (("exact", {}), ("shared overhead", {"shared_overhead": True}), ("zero new points", {"holdout": True}))
+    for label, kw in labels:
         try:
             preds[label] = Predictor.for_model(model, store_path, engine, threads=threads, **kw)
         except DoolyError as exc:

@@ -164,14 +164,20 @@ def validation_predictors(
     model: str, db: Path, engine: Engine, threads: int | None, method: str, shape: bool
 ) -> tuple[dict[str, Predictor], dict[str, DoolyError]]:
     """``dooly validate``'s predictors for `model`, by label: "profile" (the DB as profiled; `shape`: signatures
-    without a complete profile from the shape model) and "zero new points" (the model predicted as if never
-    profiled), with the error of each label that could not be built. Raises the "profile" error when neither
+    without a complete profile from the shape model), "shared overhead" (its own points, the overhead fitted on
+    the DB's other models: what `--calibrate none` gives) and "zero new points" (the model predicted as if never
+    profiled), with the error of each label that could not be built. Raises the "profile" error when none
     could."""
     from dooly.predict.predictor import Predictor
 
     predictors: dict[str, Predictor] = {}
     failed: dict[str, DoolyError] = {}
-    for label, kw in (("profile", {"shape": shape}), ("zero new points", {"holdout": True})):
+    labels = (
+        ("profile", {"shape": shape}),
+        ("shared overhead", {"shape": shape, "shared_overhead": True}),
+        ("zero new points", {"holdout": True}),
+    )
+    for label, kw in labels:
         try:
             predictors[label] = Predictor.for_model(model, db, engine, threads=threads, method=method, **kw)
         except DoolyError as exc:

@@ -194,6 +194,7 @@ def test_plan_triage_budget_and_validate_from_shape(configs, monkeypatch) -> Non
     # tiny-a alone in the DB has no zero-new-points figure, and the reason is not "run `dooly profile`": it was
     # just profiled, and there is no other model to predict it from
     assert "no zero new points figure" in text and "holds no profiled model but tiny-a" in text, text
+    assert "no shared overhead figure" in text and "no calibrated model but tiny-a" in text, text
     res = runner.invoke(app, ["plan", str(b), "--db", str(db), "--grid", "tiny", "--budget", "1"])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())

@@ -147,6 +147,9 @@ def test_report_and_cli_print_the_same_savings(tmp_path: Path, monkeypatch) -> N
         assert st.get_trace("hf-eager/cpu:bfloat16", trace_cache_key("tiny-a#layers1", half), "decode")
     res = runner.invoke(app, ["validate", str(paths[0]), "--db", str(db), "--repeats", "1", "--method", "interp"])
     assert res.exit_code == 0, res.output
+    # the forward MAPE under both calibration policies: its own calibration, and the other model's overhead fit
+    for label in ("exact reuse", "own points, overhead fitted on the other models: --calibrate none"):
+        assert re.search(rf"MAPE prefill [\d.]+% +decode [\d.]+% +all [\d.]+% +\({label}", res.output), label
     res = runner.invoke(app, ["report", "--db", str(db), "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
     page = (tmp_path / "r.html").read_text()

@@ -299,7 +299,8 @@ def validate_cmd(
 
     Beside the MAPE it prints the run-to-run spread: how far two rounds of measuring the same shapes land
     apart on this machine. A prediction cannot agree with a measurement better than that. Beside the
-    profile's own figure it prints the "zero new points" one: the model predicted as if it had never been
+    profile's own figure it prints "shared overhead" (its own points, the overhead fitted on the DB's other
+    models, as `--calibrate none` leaves it) and "zero new points": the model predicted as if it had never been
     profiled (signatures no other model needs, and its calibration forwards, left out of every fit).
     """
     from dooly.api import profiling_engine, validation_predictors
@@ -391,7 +392,11 @@ def _print_mapes(rows, others: dict[str, list[float]], shape: bool) -> None:  # 
 
     for label, preds in others.items():
         scored = [dataclasses.replace(r, predicted_s=x) for r, x in zip(rows, preds, strict=True)]
-        what = {"profile": "(exact reuse" + (" + shape)" if shape else ")"), "zero new points": "(zero new points)"}
+        what = {
+            "profile": "(exact reuse" + (" + shape)" if shape else ")"),
+            "shared overhead": "(own points, overhead fitted on the other models: --calibrate none)",
+            "zero new points": "(zero new points)",
+        }
         out.print(
             f"MAPE prefill {phase_mape(scored, 'prefill'):.1f}%  decode {phase_mape(scored, 'decode'):.1f}%  "
             f"all {phase_mape(scored):.1f}%  {what[label]}"

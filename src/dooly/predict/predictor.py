@@ -120,6 +120,7 @@ class Predictor:
         shape: bool = False,
         holdout: bool = False,
         unmeasured: Collection[str] = (),
+        shared_overhead: bool = False,
     ) -> Predictor:
         """A predictor for ``model`` (zoo name, config path or dict) from the profile DB at ``db_path``.
 
@@ -133,6 +134,9 @@ class Predictor:
         forwards out of the overhead fit. Implies ``shape``.
         ``unmeasured``: signatures treated as never profiled (what ``dooly profile --budget`` would have left
         to the shape model), predicted from shape. Implies ``shape``.
+        ``shared_overhead``: the framework overhead fitted on the DB's other calibrated models, leaving the
+        model's own calibration forwards out: how a model profiled with ``--calibrate none`` (or whose ``check``
+        passed) is priced, with its own operator points.
         """
         from dooly.core.zoo import resolve_model
         from dooly.db.store import ProfileStore
@@ -174,18 +178,7 @@ class Predictor:
             pred.flattens_batches = engine.flattens_batches  # type: ignore[attr-defined]
             pred.shape_predicted = fills
             pred.page_cost_s_per_byte = page_cost(store, ctx)
-            # with the shape model's points: a --budget profile's own calibration forwards ran every signature
-            pred.overhead = fit_overhead(
-                store,
-                ctx,
-                engine,
-                pts_model,
-                method,
-                own=None if holdout else name,
-                exclude=name if holdout else None,
-                signatures=pred.signature_keys(),
-                predictor=cls,
-            )
+            pred.overhead = _overhead(store, ctx, engine, pts_model, pred, holdout, shared_overhead, db_path)
         return pred
 
     def shape_share(self, phase: str, values: Mapping[str, int]) -> tuple[float, float]:
@@ -290,6 +283,30 @@ def _flat_kv_base() -> int:
     from dooly.profile import GridSpec  # on use, as in for_model: the profiler package pulls in the engines
 
     return min(GridSpec().decode_kv_len)
+
+
+def _overhead(store, ctx, engine, pts_model, pred: Predictor, holdout: bool, shared: bool, db_path) -> OverheadModel:  # type: ignore[no-untyped-def]
+    """The framework overhead of ``pred``'s model: from its own calibration forwards, else (``holdout``,
+    ``shared``, or none stored) from the DB's other models; ``shared`` refuses where no other model has any.
+    With the shape model's points: a --budget profile's own calibration forwards ran every signature."""
+    without_own = holdout or shared
+    fitted = fit_overhead(
+        store,
+        ctx,
+        engine,
+        pts_model,
+        pred.method,
+        own=None if without_own else pred.name,
+        exclude=pred.name if without_own else None,
+        signatures=pred.signature_keys(),
+        predictor=type(pred),
+    )
+    if shared and not fitted.n_fit:
+        raise DoolyError(
+            f"{db_path}: no calibrated model but {pred.name} in it, so no overhead fitted on other models "
+            "(profile other models into it with calibration)"
+        )
+    return fitted
 
 
 def _require_holdout_covered(store, ctx, traces, pts_model, name: str, db_path) -> None:  # type: ignore[no-untyped-def]
