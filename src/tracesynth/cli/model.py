@@ -80,8 +80,8 @@ def fit(
     anonymize: bool = typer.Option(False, "--anonymize", help=_FIT_HELP["anonymize"]),
     salt: str = typer.Option(None, "--salt", envvar="TRACESYNTH_SALT", help=_FIT_HELP["salt"]),
 ) -> None:
-    """Train a generator on real traces (an autoregressive transformer unless --kind says otherwise; the diffusion
-    model also runs under `torchrun` for several processes).
+    """Train a generator on real traces (an autoregressive transformer unless --kind says otherwise; every kind
+    but markov also trains under `torchrun` for several processes: DDP, only rank 0 writes).
 
     The model holds the traces' real command names and thread ids unless --anonymize is given.
     """
@@ -100,6 +100,8 @@ def fit(
     else:
         gen = make_generator(gen_kind.config(options)).fit(traces)
         what = f"{gen.n_params:,} table entries"
+    if not _is_main():  # under torchrun: rank 0 writes the model and prints
+        return
     gen.save(output)
     origin = f", started from {init}" if start is not None else ""
     origin += ", resumed" if saved is not None else ""
@@ -191,7 +193,8 @@ def _fit_token(gen_kind, traces: list, output: Path, options: dict, start, init:
         if done >= asked.steps:
             raise TraceSynthError(f"already trained for {done} steps; ask for more with --steps", output)
         gen.config.steps, gen.config.device, gen.config.time_limit = asked.steps, asked.device, asked.time_limit
-        console.print(f"resuming {output} at step {done}")
+        if _is_main():
+            console.print(f"resuming {output} at step {done}")
     elif start is not None:
         gen = make_generator(gen_kind.config(_init_config(start, gen_kind, options, init)))
     else:
@@ -201,8 +204,6 @@ def _fit_token(gen_kind, traces: list, output: Path, options: dict, start, init:
 
 
 def _fit_diffusion(gen_kind, traces: list, output: Path, options: dict, resume: bool) -> None:
-    from tracesynth.generators.diffusion.gaussian import is_main_process
-
     if resume:
         asked = gen_kind.config(options)
         synth = load_generator(output)
@@ -210,12 +211,12 @@ def _fit_diffusion(gen_kind, traces: list, output: Path, options: dict, resume: 
             raise TraceSynthError(f"already trained for {synth.step} steps; ask for more with --steps", output)
         for key in ("steps", "device", "time_limit", "checkpoint_every"):
             setattr(synth.config, key, getattr(asked, key))
-        if is_main_process():
+        if _is_main():
             console.print(f"resuming {output} at step {synth.step}")
     else:
         synth = make_generator(gen_kind.config(options))
     synth.fit(traces, checkpoint_dir=output, progress=True)
-    if is_main_process():
+    if _is_main():
         h = synth.history
         console.print(
             f"{output}: {synth.step} steps on {h.get('train_windows', 0):,} windows of {synth.config.context} events, "
@@ -237,9 +238,16 @@ def _fit_with_progress(gen, traces: list, start, **fit_args) -> None:
         TimeElapsedColumn(),
         TextColumn(limit),
     )
-    with Progress(*columns, console=console) as bar:
+    with Progress(*columns, console=console, disable=not _is_main()) as bar:
         task = bar.add_task("fit", total=gen.config.steps, loss=float("nan"))
         gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start, **fit_args)
+
+
+def _is_main() -> bool:
+    """Rank 0 under torchrun (the process that writes and prints); the one process otherwise."""
+    from tracesynth.generators.distributed import is_main_process  # torch: imported only when a model is fitted
+
+    return is_main_process()
 
 
 def _given(ctx: typer.Context, param: str) -> bool:

@@ -6,6 +6,7 @@
   diffusion, kind "masked");
 - `diffusion/`: the paper's Gaussian diffusion model (`GaussianDiffusion`, kind "diffusion");
 - baselines: `markov` (order-k Markov chain) and `sdv_par` (SDV's PARSynthesizer, optional).
+- `distributed`: what the trained kinds share to train under torchrun (DDP, the ranks' agreements).
 
 Importing this package is light (no torch): the registry imports a kind's module when it is used.
 """

@@ -64,6 +64,7 @@ class MaskedDiffusion(TokenModel):
     name = "masked"
     format = FORMAT
     config_cls = MaskedConfig
+    skips_parameters = True  # a channel none of whose tokens a step masks leaves its head out of the loss
 
     def _network(self) -> Denoiser:
         return Denoiser(self.config, self.vocab, len(self.workloads))

@@ -35,9 +35,17 @@ from tracesynth.bounds import SampleProgress, check_sample_size
 from tracesynth.buckets import log2_bucket
 from tracesynth.channels import CHANNELS_2, CHANNELS_6, OTHER_NEGATIVE, UNKNOWN_EVENT, ChannelCodec
 from tracesynth.errors import TraceSynthError
+from tracesynth.generators.distributed import (
+    agree_elapsed,
+    gather_ints,
+    init_distributed,
+    is_main_process,
+    processes,
+    wrap_ddp,
+)
 from tracesynth.generators.guide import GUIDES, KernelFacts, KernelGuide, mine_kernel_facts
 from tracesynth.integrity import HASHES, check_shapes, file_hashes, verify_hashes
-from tracesynth.optim import resolve_device, warmup_cosine
+from tracesynth.optim import resolve_device, warmup_cosine, world
 from tracesynth.trace import Trace
 
 CHANNELS = CHANNELS_6  # event, dt, cpu, tid, comm, ret: all tokens here
@@ -199,6 +207,19 @@ def _restore(state: dict[str, Any], opt: torch.optim.Optimizer, rng: np.random.G
         torch.cuda.set_rng_state(tensors["rng.cuda"], dev)
 
 
+class _Loss(nn.Module):
+    """A token model's training loss as a module over its network: DDP must run the forward that uses the
+    parameters (the block model's loss calls the network's methods, not its forward)."""
+
+    def __init__(self, net: nn.Module, loss: Callable[[dict[str, torch.Tensor]], torch.Tensor]):
+        super().__init__()
+        self.net = net
+        self.compute = loss
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.compute(batch)
+
+
 class ChannelTransformer(nn.Module):
     """Summed channel embeddings (+ [MASK] per channel) + positions -> transformer -> hidden [b, L, d]."""
 
@@ -244,6 +265,7 @@ class TokenModel:
     format = "tracesynth-token"
     config_cls: type[TokenConfig] = TokenConfig
     guides: ClassVar[bool] = False  # whether _fill takes a KernelGuide (sample(guide="kernel"))
+    skips_parameters: ClassVar[bool] = False  # whether a step's loss may leave a parameter unused (DDP must look)
     contents: ClassVar[tuple[str, ...]] = ("config.json", "vocab.json", "*.safetensors")  # what save() writes
 
     def __init__(self, config: TokenConfig | None = None):
@@ -382,7 +404,10 @@ class TokenModel:
         continues that training on the same traces: a killed and resumed fit ends where an unkilled one would,
         at the same step with the same weights, and `time_limit` counts the seconds of both runs. The model keeps
         its training state after fit and `save` writes it, so a finished fit can be resumed to more `steps`;
-        a model saved without one (the shipped models/all) can only be a fit's `init`."""
+        a model saved without one (the shipped models/all) can only be a fit's `init`.
+
+        Under torchrun (WORLD_SIZE > 1) each process draws its own batches and DDP averages the gradients (gloo on
+        the CPU, nccl on a GPU); the processes stop at the same step, and only rank 0 writes checkpoints."""
         cfg = self.config
         if not traces or not sum(len(t) for t in traces):
             raise TraceSynthError(f"{self.config.what}: no events to learn from")
@@ -445,23 +470,32 @@ class TokenModel:
         progress: Callable[[int, float], None] | None,
         save: tuple[Path, int] | None,
     ) -> None:
-        """The optimisation loop, from step 0 or from the training state `start`; `save`: (directory, every)."""
+        """The optimisation loop, from step 0 or from the training state `start`; `save`: (directory, every).
+
+        Under torchrun (DDP) every rank runs it from the same state and stops at the same step; only rank 0 saves."""
         cfg = self.config
         dev = next(self.model.parameters()).device
+        distributed = init_distributed(dev)
         n = len(data["event"])
         before = start["meta"] if start is not None else {"step": 0, "seconds": 0.0, "losses": []}
         step, losses = int(before["step"]), [float(x) for x in before["losses"]]
         t0 = time.perf_counter() - float(before["seconds"])  # a resumed fit's time limit counts both runs
+        run_loss: Callable[[dict[str, torch.Tensor]], torch.Tensor] = self.loss
+        if distributed:  # each rank draws its own windows: the global batch is processes x batch_size
+            rng = self._rank_streams(step)
+            run_loss = wrap_ddp(_Loss(self.model, self.loss), dev, find_unused=self.skips_parameters)
         self.model.train()
         while step < cfg.steps:
             elapsed = time.perf_counter() - t0
-            if cfg.time_limit is not None and elapsed >= cfg.time_limit:
-                break
+            if cfg.time_limit is not None:
+                elapsed = agree_elapsed(elapsed, distributed, dev)  # every rank stops at the same step
+                if elapsed >= cfg.time_limit:
+                    break
             lr = warmup_cosine(cfg.lr, step, cfg.warmup, cfg.steps, cfg.time_limit, elapsed)
             for g in opt.param_groups:
                 g["lr"] = lr
             idx = torch.from_numpy(rng.integers(0, n, cfg.batch_size)).to(dev)
-            loss = self.loss({c: v[idx] for c, v in data.items()})
+            loss = run_loss({c: v[idx] for c, v in data.items()})
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -470,11 +504,21 @@ class TokenModel:
             losses = [*losses[-(FINAL_LOSSES - 1) :], loss.item()]  # final_loss is their mean
             if save is not None and step % save[1] == 0 and step < cfg.steps:
                 self._snapshot(opt, rng, step, time.perf_counter() - t0, losses, n)
-                self.save(save[0])
+                if is_main_process():
+                    self.save(save[0])
             if progress is not None:
                 progress(step, losses[-1])
         self._snapshot(opt, rng, step, time.perf_counter() - t0, losses, n)
+        if distributed:  # the saved history shows that every rank stopped at the same step
+            self.history["rank_steps"] = gather_ints(step, dev)
         self.model.eval().cpu()  # sampling draws one event at a time: the CPU's work
+
+    def _rank_streams(self, step: int) -> np.random.Generator:
+        """Under DDP, this rank's batch (numpy) and mask (torch) streams, seeded by (seed, rank, step): the ranks
+        draw different windows and masks, though every rank resumes from rank 0's checkpointed states."""
+        seed, rank = self.config.seed, world()[0]
+        torch.manual_seed(seed * 1000003 + rank * 7919 + step)
+        return np.random.default_rng([abs(seed), rank, step])
 
     def _snapshot(
         self,
@@ -487,14 +531,17 @@ class TokenModel:
     ) -> None:
         """Set history and the training state to those after `step`."""
         cfg = self.config
+        procs = processes()
         self.history = {
             "steps": step,
             "train_seconds": seconds,
             "windows": windows,
             # events through the network per second of training (each step: batch_size windows of context)
-            "train_events_per_s": step * cfg.batch_size * cfg.context / max(seconds, 1e-9),
+            "train_events_per_s": step * cfg.batch_size * cfg.context * procs / max(seconds, 1e-9),
             "final_loss": float(np.mean(losses)) if losses else None,
         }
+        if procs > 1:  # under torchrun: the batches were processes x batch_size windows
+            self.history["processes"] = procs
         sd = opt.state_dict()
         tensors = {
             f"opt.{i}.{k}": torch.as_tensor(v).detach().cpu().clone()

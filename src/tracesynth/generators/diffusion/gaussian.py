@@ -23,9 +23,10 @@ from tracesynth.generators.diffusion.model import TraceDenoiser
 from tracesynth.generators.diffusion.samplers import make_sampler
 from tracesynth.generators.diffusion.schedule import NoiseSchedule
 from tracesynth.generators.diffusion.train import optimizer_from_tensors, optimizer_to_tensors, train
+from tracesynth.generators.distributed import is_main_process
 from tracesynth.integrity import HASHES, check_shapes, file_hashes, verify_hashes
 from tracesynth.jsonable import jsonable
-from tracesynth.optim import resolve_device, world
+from tracesynth.optim import resolve_device
 from tracesynth.splits import split_by_time
 from tracesynth.trace import Trace
 
@@ -132,7 +133,7 @@ class GaussianDiffusion:
         if cfg.calibrate and cfg.clamp == "soft" and len(val_w["event"]):
             scores = self.calibrate(val_w)
             self.history["calibration"] = {str(k): v for k, v in scores.items()}
-            if checkpoint_dir is not None and world()[0] == 0:
+            if checkpoint_dir is not None and is_main_process():
                 self._save(checkpoint_dir, None)  # the final model with its calibrated temperature
         return self
 
@@ -372,10 +373,6 @@ def _optimizer_shapes(tensors: dict[str, torch.Tensor], params: list[tuple[int, 
 def _source_meta(traces: Sequence[Trace]) -> dict[str, Any]:
     workloads = sorted({str(t.metadata["workload"]) for t in traces if t.metadata.get("workload")})
     return {"traces": len(traces), "events": int(sum(len(t) for t in traces)), "workload": ",".join(workloads) or None}
-
-
-def is_main_process() -> bool:
-    return world()[0] == 0
 
 
 def _token_stats(tokens: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,22 +20,11 @@ from torch import nn
 from tracesynth.generators.diffusion.config import GaussianDiffusionConfig
 from tracesynth.generators.diffusion.model import TraceDenoiser
 from tracesynth.generators.diffusion.schedule import NoiseSchedule
+from tracesynth.generators.distributed import agree_elapsed, init_distributed, wrap_ddp
 from tracesynth.optim import warmup_cosine, world
 
 Windows = dict[str, np.ndarray]
 Checkpoint = Callable[[int, torch.optim.Optimizer, dict[str, Any]], None]
-
-
-def init_distributed(device: torch.device) -> bool:
-    """Join the process group when launched by torchrun with more than one process."""
-    rank, size, _ = world()
-    if size <= 1:
-        return False
-    if not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return True
 
 
 class DiffusionLoss(nn.Module):
@@ -127,9 +116,7 @@ def train(
     loss_mod = DiffusionLoss(model, schedule, cfg.aux_weight, cfg.prediction)
     runner: nn.Module = loss_mod
     if distributed:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        runner = DDP(loss_mod, device_ids=[device.index] if device.type == "cuda" else None)
+        runner = wrap_ddp(loss_mod, device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     if optimizer_state is not None:
         opt.load_state_dict(optimizer_state)
@@ -157,8 +144,10 @@ def train(
         done = start_step
         for step in range(start_step, cfg.steps):
             elapsed = time.perf_counter() - t_start
-            if cfg.time_limit > 0 and _agree_to_stop(elapsed >= cfg.time_limit, distributed, device):
-                break
+            if cfg.time_limit > 0:
+                elapsed = agree_elapsed(elapsed, distributed, device)
+                if elapsed >= cfg.time_limit:
+                    break
             for grp in opt.param_groups:
                 grp["lr"] = lr_at(step, cfg, elapsed)
             loss, loss_eps = _train_step(runner, model, opt, cfg, data, g, device)
@@ -214,15 +203,6 @@ def _train_step(
         nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
     return loss, loss_eps
-
-
-def _agree_to_stop(mine: bool, distributed: bool, device: torch.device) -> bool:
-    """Every rank stops at the same step (any rank past the time limit stops them all)."""
-    if not distributed:
-        return mine
-    flag = torch.tensor([1.0 if mine else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
 
 
 # -- optimizer state without pickle -----------------------------------------------------------
