@@ -47,15 +47,17 @@ def load_latency_model(
     engine: str = DEFAULT_ENGINE,
     shape: bool = False,
     device: str = "cpu",
+    tp: int = 1,
 ) -> Predictor:
     """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings);
-    `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`)."""
+    `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`);
+    `tp` > 1: one rank of a tensor-parallel replica (its iteration is the replica's)."""
     from dooly.engines import get_engine
     from dooly.predict.predictor import Predictor
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
-    engine_obj = get_engine(engine, device=device, dtype=dtype)
+    engine_obj = get_engine(engine, device=device, dtype=dtype, tp=tp)
     return Predictor.for_model(model, db, engine_obj, threads=threads, shape=shape)
 
 
@@ -67,10 +69,14 @@ def serving_latency_model(
     engine: str,
     shape: bool = False,
     log: Callable[[str], object] | None = None,
+    tp: int = 1,
 ) -> tuple[Predictor, str]:
     """`engine`'s predictor for `model`; for vLLM, the HF engine's profiles while the DB has no vLLM ones.
 
-    Returns ``(predictor, engine that profiled the ops)``; a fallback is said through `log` (default: printed)."""
+    Returns ``(predictor, engine that profiled the ops)``; a fallback is said through `log` (default: printed).
+    `tp` > 1: one rank of a tensor-parallel replica, from its own profiles (no engine to fall back to)."""
+    if tp > 1:
+        return load_latency_model(model, db, dtype, threads, engine, shape, tp=tp), engine
     if engine != "vllm":
         return load_latency_model(model, db, dtype, threads, engine, shape), engine
     try:
@@ -256,12 +262,14 @@ def resolved_once(models: Sequence[str]) -> list[str | ModelSpec]:
     return [resolved(m) for m in models]
 
 
-def profiling_engine(engine: str, device: str, dtype: str, threads: int | None) -> tuple[Engine, int]:
-    """The engine to profile with, and the torch threads (default: $DOOLY_THREADS or 1)."""
+def profiling_engine(engine: str, device: str, dtype: str, threads: int | None, tp: int = 1) -> tuple[Engine, int]:
+    """The engine to profile with (``tp`` > 1: rank 0 of a tensor-parallel replica), and the torch threads
+    (default: $DOOLY_THREADS or 1)."""
     from dooly.engines import get_engine
     from dooly.profile import default_threads
 
-    return get_engine(engine, device=device, dtype=dtype), threads if threads is not None else default_threads()
+    threads = threads if threads is not None else default_threads()
+    return get_engine(engine, device=device, dtype=dtype, tp=tp), threads
 
 
 def grid_spec(name: str) -> GridSpec:
@@ -405,21 +413,27 @@ def profile_models(
     budget_s: float | None = None,
     ray_address: str | None = None,
     hooks: ProfileHooks | None = None,
+    tp: int = 1,
 ) -> ProfileRun:
     """Profile every signature of ``models`` that the DB at ``db`` lacks, then calibrate each model's framework
     overhead under the ``calibration`` policy (all, check or none); safe to kill and rerun: it resumes.
 
     A model that cannot be traced is one line in the result's ``failed`` (the others go on); when none can,
     :class:`NothingToProfile` is raised and a DB this run created is removed. ``budget`` / ``budget_s`` leave
-    the signatures the shape model predicts best unmeasured (see :func:`budget_triage`)."""
+    the signatures the shape model predicts best unmeasured (see :func:`budget_triage`). ``tp`` > 1: rank 0 of
+    a tensor-parallel replica, its collectives timed between processes; not calibrated (in its own forward a
+    collective is a one-rank copy), its overhead is the one-device forwards' (``dooly profile`` without ``--tp``)."""
     from dooly.db.store import ProfileStore
     from dooly.profile import make_plan, run_plan, savings
 
     hooks = hooks or ProfileHooks()
     specs = resolved_once(models)
-    engine_obj, threads = profiling_engine(engine, device, dtype, threads)
+    engine_obj, threads = profiling_engine(engine, device, dtype, threads, tp)
     grid_obj = grid_spec(grid)
     policy = calibration_policy(calibration)
+    if tp > 1 and policy != "none":
+        hooks.log(f"--tp {tp}: no calibration (--calibrate {policy} is for the one-device profile)")
+        policy = "none"
     if policy != "none":
         _check_weights_fit(specs, engine_obj)
     with ProfileStore(db) as store:
@@ -511,6 +525,7 @@ def simulate(
     output: Path | None = None,
     save: bool = True,
     hooks: ServeHooks | None = None,
+    tp: int = 1,
 ) -> Study:
     """`dooly simulate`: serve ``workload`` (a trace file or a generator spec) on MODEL in the simulator, its
     iteration latencies from the profiles in ``db``; at one configuration, or with ``sweep`` over the config
@@ -518,7 +533,8 @@ def simulate(
 
     KV blocks per replica: ``kv_blocks``, else vLLM's CPU backend's in ``cpu_kvcache_gb``, else derived from a
     device of ``memory_gb`` GiB as vLLM does, else 4096. The study's payload is saved beside the DB (``save``);
-    ``output`` gets its CSV (the sweep table, or the per-request metrics)."""
+    ``output`` gets its CSV (the sweep table, or the per-request metrics). ``tp`` > 1: a replica of ``tp`` devices
+    (vLLM), its iteration one rank's; ``cpu_kvcache_gb`` and ``memory_gb`` are per device (:func:`kv_devices`)."""
     from dooly.report import save_result, write_sweep_csv
     from dooly.simulator import make_router, parse_workload
     from dooly.simulator.memory import DEFAULT_KV_BLOCKS
@@ -532,14 +548,17 @@ def simulate(
     chunked = chunked or engine == "vllm"  # vLLM v1's scheduler always chunks prefills
     block_size = block_size or (VLLM_BLOCK_SIZE if engine == "vllm" else 16)
     if cpu_kvcache_gb is not None and kv_blocks is None:
-        kv_blocks = vllm_cpu_kv_blocks(spec, cpu_kvcache_gb, block_size, dtype)
-        hooks.report(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {cpu_kvcache_gb} GiB (vLLM CPU backend)")
+        kv_gb = cpu_kvcache_gb * kv_devices(spec, tp)  # vLLM's CPU backend sets this space aside on every rank
+        kv_blocks = vllm_cpu_kv_blocks(spec, kv_gb, block_size, dtype)
+        hooks.report(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {kv_gb} GiB (vLLM CPU backend)")
     mem = None
-    if memory_gb is not None:
-        mem = memory_model(spec, memory_gb, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
+    if memory_gb is not None:  # each rank holds 1/tp of the weights: the replica has tp devices' memory
+        mem = memory_model(spec, memory_gb * tp, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
     cfg = sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
     kv = _size_kv_cache(cfg, mem, kv_blocks, hooks.report)
-    latency, _ = serving_latency_model(spec, db, dtype, None, engine, shape, log=hooks.report)
+    latency, _ = serving_latency_model(spec, db, dtype, None, engine, shape, log=hooks.report, tp=tp)
+    if tp > 1:
+        hooks.report(collectives_line(latency, cfg))
     args: dict[str, Any] = dict(model=str(model), workload_spec=workload, workload=w, latency=latency, kv=kv)
     args.update(memory=mem, replicas=replicas, router=router, router_seed=router_seed)
     if sweep:
@@ -556,6 +575,30 @@ def simulate(
     elif output:
         study.result.metrics.save_csv(output)
     return study
+
+
+def kv_devices(model: str | ModelSpec, tp: int) -> int:
+    """How many devices' worth of KV cache a replica of ``tp`` ranks holds: each rank caches its share of the KV
+    heads (vLLM repeats a head on several ranks when there are fewer KV heads than ranks)."""
+    from dooly.core.zoo import resolve_model
+
+    if tp == 1:
+        return 1
+    cfg = resolve_model(model)[1]
+    cfg = cfg.get("text_config") or cfg
+    heads = int(cfg.get("num_key_value_heads") or cfg.get("num_attention_heads") or tp)
+    return heads // max(1, heads // tp)
+
+
+def collectives_line(pred: Predictor, cfg: SchedulerConfig, kv_len: int = 256) -> str:
+    """The share of a rank's operator time its collectives take, in a full prefill iteration and a full decode."""
+    tokens, seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
+    pre = pred.collectives_share("prefill", {"requests": 1, "tokens": tokens})
+    dec = pred.collectives_share("decode", {"requests": seqs, "kv_len": kv_len})
+    return (
+        f"collectives: {100 * pre:.1f}% of a rank's operator time in a prefill of {tokens} tokens, "
+        f"{100 * dec:.1f}% in a decode of {seqs} requests at KV {kv_len}"
+    )
 
 
 def _size_kv_cache(

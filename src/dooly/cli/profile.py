@@ -227,13 +227,16 @@ def profile_cmd(
     engine_name: str = _ENGINE,
     budget: int | None = _BUDGET,
     budget_s: float | None = _BUDGET_S,
+    tp: int = typer.Option(
+        1, "--tp", min=1, help="Profile rank 0 of a tensor-parallel replica (vllm); its collectives between processes."
+    ),
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
     from dooly.api import NothingToProfile, ProfileHooks, profile_models
 
     hooks = ProfileHooks(log=_log, report=out.print, bar=_points_bar, steps=_Steps)
     kw = {"engine": engine_name, "device": device, "dtype": dtype, "threads": threads, "grid": grid}
-    kw |= {"calibration": "none" if no_calibrate else calibration, "budget": budget, "budget_s": budget_s}
+    kw |= {"calibration": "none" if no_calibrate else calibration, "budget": budget, "budget_s": budget_s, "tp": tp}
     try:
         run = profile_models(models, db, ray_address=ray_address, hooks=hooks, **kw)
     except NothingToProfile as exc:

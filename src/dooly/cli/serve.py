@@ -99,13 +99,16 @@ def simulate(
         help="Predict signatures without a complete profile from their operator kind's shape model "
         "(after `dooly profile --budget`, or for a model never profiled).",
     ),
+    tp: int = typer.Option(
+        1, "--tp", min=1, help="Tensor-parallel devices per replica (vllm; profiled with `dooly profile --tp`)."
+    ),
 ) -> None:
     """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
     kw = {"max_seqs": max_seqs, "max_tokens": max_tokens, "chunked": chunked, "block_size": block_size}
     kw |= {"cpu_kvcache_gb": cpu_kvcache_gb, "kv_blocks": kv_blocks, "memory_gb": memory_gb, "gpu_util": gpu_util}
     kw |= {"kv_cache_dtype": kv_cache_dtype, "activation_gb": activation_gb, "replicas": replicas, "router": router}
     kw |= {"router_seed": router_seed, "sweep": sweep, "slo_ttft": slo_ttft, "slo_tpot": slo_tpot, "dtype": dtype}
-    kw |= {"engine": engine, "shape": shape, "output": output}
+    kw |= {"engine": engine, "shape": shape, "output": output, "tp": tp}
     study = api.simulate(model, db, workload=workload, **kw, hooks=_hooks())
     if sweep:
         print_sweep(study)

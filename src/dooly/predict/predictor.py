@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,8 @@ class Predictor:
         self._passes: dict[str, object] = {}  # pass key (branch_key) -> its trace
         # per phase: the signatures with their multiplicities, grouped by symbol set into stacked tables
         self._groups: dict[str, list[tuple[GridTable, np.ndarray]]] = {}
-        self._singles: dict[str, list[tuple[SignatureModel, int]]] = {}  # signatures of a method that does not stack
+        # signatures of a method that does not stack: (model, multiplicity, signature key)
+        self._singles: dict[str, list[tuple[SignatureModel, int, str]]] = {}
         self.missing: dict[str, list[str]] = {}
         # a phase whose code branches on a request size has one pass per branch (the trace's sides): each is
         # priced where its guards hold, under its own key (branch_key)
@@ -94,7 +96,7 @@ class Predictor:
                 continue
             syms = tuple(sorted(s.symbols()))
             if not predictor_method(method).stacks:
-                self._singles.setdefault(key, []).append((SignatureModel(syms, pts, method), mult))
+                self._singles.setdefault(key, []).append((SignatureModel(syms, pts, method), mult, s.key))
                 continue
             axes, arr = build_grid(pts, syms)
             gkey = (syms, tuple(tuple(a) for a in axes))
@@ -202,9 +204,24 @@ class Predictor:
         phase = self.branch_key(phase, values)
         for g, mult in self._groups.get(phase, []):
             total += float(np.exp(g.predict_log(values)) @ mult)
-        for model, mult in self._singles.get(phase, []):
+        for model, mult, _ in self._singles.get(phase, []):
             total += model(values) * mult
         return total + self.page_faults(phase, values)
+
+    def collectives_share(self, phase: str, values: Mapping[str, int]) -> float:
+        """Of the operator time at ``values``: the share a parallel rank spends in collectives (0 on one device)."""
+        from dooly.profile.collectives import collective_kind
+
+        key = self.branch_key(phase, values)
+        keys = {s.key for s in self._passes[key].unique() if collective_kind(s.op)}  # type: ignore[attr-defined]
+        part = 0.0
+        for g, mult in self._groups.get(key, []):
+            sel = np.array([k in keys for k in g.keys])
+            if sel.any():
+                part += float(np.exp(g.predict_log(values))[sel] @ mult[sel])
+        part += sum(model(values) * mult for model, mult, k in self._singles.get(key, []) if k in keys)
+        total = self.ops_latency(phase, values)
+        return part / total if total else 0.0
 
     def page_faults(self, phase: str, values: Mapping[str, int]) -> float:
         """Seconds the pass spends faulting in fresh pages: for every op output above the allocator's mmap
@@ -293,7 +310,7 @@ def _overhead(store, ctx, engine, pts_model, pred: Predictor, holdout: bool, sha
     fitted = fit_overhead(
         store,
         ctx,
-        engine,
+        _one_device(engine),
         pts_model,
         pred.method,
         own=None if without_own else pred.name,
@@ -307,6 +324,17 @@ def _overhead(store, ctx, engine, pts_model, pred: Predictor, holdout: bool, sha
             "(profile other models into it with calibration)"
         )
     return fitted
+
+
+def _one_device(engine: Any) -> Any:
+    """The engine whose forwards the overhead is fitted on: for one rank of a parallel replica, the same engine on
+    one device (a rank's own forward runs its collectives as one-rank copies, so it is not calibrated; the
+    framework's cost around each op is taken to be a rank's as well)."""
+    if getattr(engine, "tp", 1) * getattr(engine, "pp", 1) == 1:
+        return engine
+    from dooly.engines import get_engine
+
+    return get_engine(engine.name, device=engine.device, dtype=getattr(engine, "dtype", "float32"))
 
 
 def _require_holdout_covered(store, ctx, traces, pts_model, name: str, db_path) -> None:  # type: ignore[no-untyped-def]

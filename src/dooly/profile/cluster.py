@@ -17,7 +17,11 @@ def _ray_job(job: Job, db_path: str, engine_spec: dict[str, Any], timer: TimerCo
     engine = get_engine(**engine_spec)
     with ProfileStore(db_path) as store, fixed_threads(threads):
         ctx = context_for(engine, threads)
-        return JobRunner(engine, store, ctx, timer).run(job)
+        runner = JobRunner(engine, store, ctx, timer)
+        try:
+            return runner.run(job)
+        finally:
+            runner.close()
 
 
 def run_on_ray(plan, store, engine, timer, threads, address, on_job) -> float:  # type: ignore[no-untyped-def]
@@ -31,6 +35,8 @@ def run_on_ray(plan, store, engine, timer, threads, address, on_job) -> float:  
     # Each worker's hardware fingerprint is its own, so a heterogeneous cluster never mixes timings.
     remote = ray.remote(num_cpus=threads or 1)(_ray_job)
     spec = {"name": engine.name, "device": engine.device, "dtype": getattr(engine, "dtype", "float32")}
+    if getattr(engine, "tp", 1) * getattr(engine, "pp", 1) > 1:  # the rank of a parallel replica it profiles
+        spec.update(tp=engine.tp, pp=engine.pp, pp_stage=engine.stage)  # type: ignore[attr-defined]
     futures = {remote.remote(job, str(store.path), spec, timer or TimerConfig(), threads): job for job in plan.jobs}
     spent = 0.0
     pending = list(futures)

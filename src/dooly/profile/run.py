@@ -49,12 +49,15 @@ def run_plan(
     else:
         runner = JobRunner(engine, store, plan.ctx, timer)
         spent = 0.0
-        with fixed_threads(threads):
-            for job in plan.jobs:
-                s = runner.run(job)
-                spent += s
-                if on_job:
-                    on_job(job, s)
+        try:
+            with fixed_threads(threads):
+                for job in plan.jobs:
+                    s = runner.run(job)
+                    spent += s
+                    if on_job:
+                        on_job(job, s)
+        finally:
+            runner.close()  # the collective workers, if a parallel rank's plan started them
         stats = {**runner.stats, "failures": runner.failures}
         if not engine.device.startswith("cuda") and not store.forwards(plan.ctx, PAGE_COST_KEY[0]):
             # the page faults the op timings leave out, priced once per machine (see timing.reused_pages)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -16,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dooly.core.errors import DoolyError
 from dooly.db.store import Measurement, ProfileContext, ProfileStore
 from dooly.engines import Engine, RequestShape
+from dooly.profile.collectives import CollectiveTimer, collective_call, collective_kind, describe
 from dooly.profile.plan import Job
 from dooly.profile.timing import (
     CLOCKS,
@@ -144,6 +146,7 @@ class JobRunner:
         self._models: dict[tuple[str, int], Any] = {}
         self.stats = {"from_context": 0, "synthetic": 0, "points": 0, "failed": 0}
         self.failures: list[str] = []  # ops this runner could not time standalone, one line each
+        self._collective_timer: CollectiveTimer | None = None  # started at the first collective
 
     def _model(self, job: Job) -> Any:
         key = (job.model, job.num_layers)
@@ -157,6 +160,15 @@ class JobRunner:
 
     def run(self, job: Job) -> float:
         """Time every item of ``job``, committing each point as it finishes. Returns device seconds spent."""
+        items = [(key, Signature.from_dict(json.loads(sig_json)), point) for key, sig_json, point in job.items]
+        # a collective exchanges data with other ranks: timed between real processes, not in this rank's forward
+        coll = [it for it in items if collective_kind(it[1].op)]
+        ops = [it for it in items if not collective_kind(it[1].op)]
+        spent = self._run_collectives(job, coll) if coll else 0.0
+        return spent + (self._run_ops(job, ops) if ops else 0.0)
+
+    def _run_ops(self, job: Job, items: Sequence[tuple[str, Signature, str]]) -> float:
+        """Time ``items`` in the forward context of ``job``'s shape (see :class:`_Pool`)."""
         import torch
 
         t0 = CLOCKS[self.clock]()
@@ -171,11 +183,10 @@ class JobRunner:
         with pool:
             self.engine.forward(model, inputs)
         setup = CLOCKS[self.clock]() - t0
-        share = setup / max(1, len(job.items))  # the context's cost is part of each point's profiling cost
+        share = setup / max(1, len(items))  # the context's cost is part of each point's profiling cost
         spent = setup
         dev = torch.device(self.engine.device)
-        for key, sig_json, point in job.items:
-            sig = Signature.from_dict(json.loads(sig_json))
+        for key, sig, point in items:
             values = json.loads(point)
             values_full = {"requests": req, "tokens": tok, "kv_len": kv, **values}
             try:
@@ -192,6 +203,43 @@ class JobRunner:
             self.stats["points"] += 1
             spent += m.cost_s - share
         return spent
+
+    def _run_collectives(self, job: Job, items: Sequence[tuple[str, Signature, str]]) -> float:
+        """Time the collectives ``items`` between real processes (:mod:`dooly.profile.collectives`)."""
+        req, tok, kv = job.shape
+        points = [json.loads(point) for _, _, point in items]
+        calls = [
+            collective_call(sig, {"requests": req, "tokens": tok, "kv_len": kv, **values})
+            for (_, sig, _), values in zip(items, points, strict=True)
+        ]
+        t0 = time.perf_counter()
+        results: list[Measurement | str]
+        if self.engine.device != "cpu":  # NCCL between GPUs is not timed yet: a failure, not a one-rank copy's time
+            results = [f"no two-process timing of collectives on {self.engine.device}"] * len(calls)
+        else:
+            self._collective_timer = self._collective_timer or CollectiveTimer()
+            try:
+                results = self._collective_timer.time(calls, self.timer)
+            except DoolyError as exc:  # the workers did not start or hung: these points fail, the run goes on
+                self.close()
+                results = [str(exc)] * len(calls)
+        spent = time.perf_counter() - t0
+        # the workers' start and the pipe are part of the points' profiling cost
+        share = (spent - sum(m.cost_s for m in results if isinstance(m, Measurement))) / len(items)
+        for (key, sig, _), values, call, m in zip(items, points, calls, results, strict=True):
+            if isinstance(m, str):
+                self.stats["failed"] += 1
+                self.failures.append(f"{sig} at {dict(values)}: {describe(call)}: {m}")
+                continue
+            self.store.put_point(self.ctx, key, values, Measurement(*m.row()[:4], m.cost_s + share))
+            self.stats["points"] += 1
+        return spent
+
+    def close(self) -> None:
+        """Stop the collective workers, if any were started."""
+        if self._collective_timer is not None:
+            self._collective_timer.close()
+            self._collective_timer = None
 
     def _materialise(self, sig: Signature, values: Mapping[str, int], pool: _Pool, dev: Any) -> Callable[[int], Any]:
         """The op as a callable of the rotation slot (see ``time_calls``)."""
