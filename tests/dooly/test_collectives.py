@@ -2,8 +2,8 @@
 communicator, stored under the collective's signature and priced by the rank's predictor like any op.
 
 A tiny llama (4 heads, 2 KV heads: both divide by 2) on the tiny grid; the worker processes import vLLM once for
-the whole module. The TP=2 rank's profile (vLLM's start-up, both traces, the grid) takes ~22 s on an idle machine,
-so the tests built on it are marked slow.
+the whole module. The TP=2 rank's profile (`dooly profile --tp 2`: vLLM's start-up, both traces, the grid) takes
+~25 s on an idle machine, so the tests built on it are marked slow.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dooly.cli import app  # noqa: E402
 from dooly.db.store import ProfileStore  # noqa: E402
 from dooly.engines import get_engine  # noqa: E402
 from dooly.predict.predictor import Predictor  # noqa: E402
-from dooly.profile import GridSpec, TimerConfig, default_threads, make_plan, run_plan  # noqa: E402
+from dooly.profile import GridSpec, TimerConfig, default_threads, make_plan  # noqa: E402
 from dooly.profile.collectives import CollectiveCall, CollectiveTimer, collective_kind  # noqa: E402
 
 LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 128, "intermediate_size": 256,
@@ -51,15 +51,16 @@ def test_two_processes_time_collectives_that_grow_with_the_message(timer) -> Non
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """A TP=2 rank of the tiny llama, profiled on the tiny grid: (config path, DB path, plan)."""
+    """A TP=2 rank of the tiny llama, profiled by `dooly profile --tp 2` on the tiny grid: (config, DB, plan)."""
     tmp = tmp_path_factory.mktemp("tp2")
     path, db = tmp / "llama.json", tmp / "p.db"
     path.write_text(json.dumps(LLAMA))
-    engine = get_engine("vllm", tp=2)
-    with ProfileStore(db) as store:
-        plan = make_plan([str(path)], store, engine, GridSpec.tiny(), threads=default_threads())
-        stats = run_plan(plan, store, engine, timer=FAST, threads=default_threads())
-    assert stats["failed"] == 0, stats["failures"]
+    args = ["profile", str(path), "--db", str(db), "--engine", "vllm", "--tp", "2", "--grid", "tiny"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    with ProfileStore(db, readonly=True) as store:  # the plan again: every signature known, nothing to time
+        plan = make_plan([str(path)], store, get_engine("vllm", tp=2), GridSpec.tiny(), threads=default_threads())
+    assert not plan.jobs
     return path, db, plan
 
 
