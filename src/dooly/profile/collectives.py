@@ -13,6 +13,7 @@ a rank waiting for its peer is latency the replica pays.
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 import shutil
@@ -21,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dooly.core.errors import DoolyError
@@ -175,7 +177,7 @@ class _Group:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch or vLLM state inherited
         self.dir = tempfile.mkdtemp(prefix="dooly-coll-")
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        ident = f"dooly-{os.getpid()}-{id(self)}"
+        self.ident = ident = f"dooly-{os.getpid()}-{id(self)}"
         self.conns: list[Any] = []
         self.procs: list[Any] = []
         for rank in range(world):
@@ -221,6 +223,9 @@ class _Group:
                 proc.kill()
         self.conns, self.procs = [], []
         shutil.rmtree(self.dir, ignore_errors=True)
+        # a worker killed mid-exchange leaves vLLM's shared-memory segments behind (named after the group)
+        for leftover in Path("/dev/shm").glob(f"{glob.escape(self.ident)}-*"):
+            leftover.unlink(missing_ok=True)
 
 
 class CollectiveTimer:
