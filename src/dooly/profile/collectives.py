@@ -16,17 +16,20 @@ from __future__ import annotations
 import glob
 import math
 import os
+import re
 import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atomicio import pid_alive
 from dooly.core.errors import DoolyError
 from dooly.db.store import Measurement
+from dooly.engines._reaper import die_with_parent
+from dooly.engines._tmpdirs import owned_tmpdir
 from dooly.profile.timing import TimerConfig, quantile
 from dooly.trace.signature import Signature
 
@@ -141,6 +144,10 @@ def _measure(comm: Any, call: CollectiveCall, cfg: TimerConfig, rank: int) -> tu
 
 def _worker(rank: int, world: int, init_file: str, ident: str, core: int | None, conn: Any) -> None:
     """One rank: pinned to its core, one torch thread, joins the group, then times what the parent sends."""
+    # a rank left waiting in a shared-memory collective would spin for ever: it dies with dooly, even on SIGKILL
+    die_with_parent()
+    if os.getppid() == 1:  # dooly died before the line above took effect
+        return
     if core is not None:
         os.sched_setaffinity(0, {core})
     import torch
@@ -168,6 +175,15 @@ def _worker(rank: int, world: int, init_file: str, ident: str, core: int | None,
         dist.destroy_process_group()
 
 
+def _sweep_dead_segments() -> None:
+    """Remove vLLM's shared-memory segments of dooly processes that died without closing their group (a SIGKILL:
+    the segments are named ``dooly-<pid>-...`` after the group)."""
+    for seg in Path("/dev/shm").glob("dooly-*-*"):
+        m = re.match(r"dooly-(\d+)-", seg.name)
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            seg.unlink(missing_ok=True)
+
+
 class _Group:
     """``world`` worker processes joined in one process group, one per core as far as there are cores."""
 
@@ -175,7 +191,9 @@ class _Group:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch or vLLM state inherited
-        self.dir = tempfile.mkdtemp(prefix="dooly-coll-")
+        # named by pid, so a run SIGKILLed mid-profile leaves nothing the next one does not sweep
+        self.dir = str(owned_tmpdir("dooly-coll-", owner=self))
+        _sweep_dead_segments()
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.ident = ident = f"dooly-{os.getpid()}-{id(self)}"
         self.conns: list[Any] = []
