@@ -225,7 +225,7 @@ class VLLMServer:
         # dooly even on SIGKILL; the engine core inherits the front-end cores and vLLM then binds its OpenMP
         # threads to 0..threads-1
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-        self.proc = _reaper.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), preexec_fn=pin)
+        self.proc = _reaper.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.config.env(), preexec_fn=pin)
         self.sid = self.proc.pid
         log.close()
         deadline = t0 + self.config.startup_timeout_s
@@ -241,16 +241,6 @@ class VLLMServer:
                 )
             time.sleep(0.5)
         self.startup_s = time.perf_counter() - t0
-
-    def _env(self) -> dict[str, str]:
-        """The server's environment, its temporary files under the work directory: vLLM's executor leaves a
-        ``vllm_dist_*`` rendezvous file in the temp dir it is given. Torch's compile cache keeps its usual
-        place, so a server does not start cold."""
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        tmp = self.workdir / "tmp"
-        tmp.mkdir(exist_ok=True)
-        return {"TORCHINDUCTOR_CACHE_DIR": default_cache_dir(), **self.config.env(), "TMPDIR": str(tmp)}
 
     def _healthy(self) -> bool:
         try:
