@@ -12,7 +12,7 @@ from dooly.simulator.scheduler import (
     scheduling_policy,
     vllm_v1_config,
 )
-from dooly.simulator.simulator import CachedLatency, LatencyModel, SimulationResult, simulate
+from dooly.simulator.simulator import CachedLatency, LatencyModel, PipelineLatency, SimulationResult, simulate
 from dooly.simulator.workload import Workload, generate_workload, load_workload, parse_workload
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "LatencyModel",
     "MemoryModel",
     "MemoryPlan",
+    "PipelineLatency",
     "ReplicaScheduler",
     "Request",
     "RequestMetrics",

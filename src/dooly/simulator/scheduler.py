@@ -23,7 +23,17 @@ admitting nothing new, the newest running request the preemption victim. vLLM v1
 * async scheduling (vLLM overlaps scheduling the next step with running this one on GPUs; the CPU backend
   turns it off) and the CPU/HTTP overhead of the API server, streaming and detokenisation,
 * hybrid KV allocation (sliding-window and SSM layers get their own block pools; counted here as full
-  attention), KV offloading, and pipeline / data parallelism inside one replica.
+  attention), KV offloading, and data parallelism inside one replica.
+
+Pipeline parallelism (a replica of M stages, :mod:`dooly.simulator.pipeline`) keeps up to M batches in flight, as
+vLLM v1's batch queue does (``EngineCore.step_with_batch_queue``, ``max_concurrent_batches`` = the pipeline size).
+vLLM advances a request's computed tokens when it schedules it, so a request whose next token is still being
+sampled in flight has nothing to schedule (``num_new_tokens == 0``), while a long prompt's next chunk may go into
+the next batch before the previous chunk has left the pipeline. Here ``inflight`` counts each request's tokens
+scheduled and not yet completed, and scheduling reads ``computed + inflight`` as vLLM reads its computed tokens.
+One deviation: a request with tokens in flight is never chosen as a preemption victim (vLLM may preempt it and
+drop its in-flight output); the scheduler stops where only such a victim would free blocks. With one stage nothing
+is ever in flight while scheduling, so every path below is the single-stage one.
 """
 
 from __future__ import annotations
@@ -76,6 +86,8 @@ class ReplicaScheduler:
         self.kv = KVCache(config.num_kv_blocks, config.block_size)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last one is preempted first
+        # request id -> tokens scheduled in batches still in the pipeline (empty on one stage: see the docstring)
+        self.inflight: dict[int, int] = {}
 
     def add(self, req: Request) -> None:
         self.check_fits(req)
@@ -109,7 +121,17 @@ class ReplicaScheduler:
         """Choose the next iteration (possibly empty when nothing can run)."""
         return scheduling_policy(self.config.policy)(self)
 
-    def _preempt_last(self, batch: ScheduledBatch) -> Request:
+    def _preempt_last(self, batch: ScheduledBatch) -> Request | None:
+        """Preempt the newest running request with nothing in flight (None when every candidate has)."""
+        if self.inflight:
+            idle = [i for i, r in enumerate(self.running) if r.id not in self.inflight]
+            if not idle:
+                return None
+            victim = self.running.pop(idle[-1])
+            self.kv.release(victim)
+            victim.preempt()
+            batch.preempted.append(victim)
+            return victim
         victim = self.running.pop()
         self.kv.release(victim)
         victim.preempt()
@@ -127,23 +149,30 @@ class ReplicaScheduler:
         kv = self.kv
         bs = kv.block_size
         evicted: set[int] = set()
+        inflight = self.inflight
         for req in reqs:
             if budget < 1:
                 break
             if req.id in evicted:
                 continue
-            tokens = 1 if req.prefill_done else min(req.remaining_prefill, budget)
-            need = -(-(req.computed + tokens) // bs) - req.kv_blocks  # ceil: blocks to add
+            ahead = inflight.get(req.id, 0)  # tokens of it still in the pipeline (pipeline parallelism only)
+            if ahead and (req.prefill_done or req.remaining_prefill <= ahead):
+                continue  # its next token is being sampled in flight: nothing to schedule (vLLM's 0 new tokens)
+            tokens = 1 if req.prefill_done else min(req.remaining_prefill - ahead, budget)
+            need = -(-(req.computed + ahead + tokens) // bs) - req.kv_blocks  # ceil: blocks to add
             if need > 0:
-                evicted_self = False
+                evicted_self = stuck = False
                 while need > kv.num_blocks - kv.used:
                     victim = self._preempt_last(batch)
+                    if victim is None:
+                        stuck = True
+                        break
                     evicted.add(victim.id)
                     if victim is req:
                         evicted_self = True
                         break
-                if evicted_self:
-                    break  # everything newer is gone too
+                if evicted_self or stuck:
+                    break  # everything newer is gone too (or only requests in flight could make room)
                 kv.used += need
                 req.kv_blocks += need
             if req.prefill_done:
@@ -187,6 +216,22 @@ class ReplicaScheduler:
         if not batch.preempted:  # an iteration that had to evict admits nothing new
             self._admit(batch, budget, chunked=True)
         return batch
+
+    def dispatch(self, batch: ScheduledBatch) -> None:
+        """Mark ``batch``'s tokens in flight until :meth:`complete` (a pipeline's batches overlap)."""
+        for req, chunk in batch.prefill:
+            self.inflight[req.id] = self.inflight.get(req.id, 0) + chunk
+        for req in batch.decode:
+            self.inflight[req.id] = self.inflight.get(req.id, 0) + 1
+
+    def settle(self, batch: ScheduledBatch) -> None:
+        """Take ``batch``'s tokens out of flight (before :meth:`complete` applies them)."""
+        for req, n in [*batch.prefill, *((r, 1) for r in batch.decode)]:
+            left = self.inflight.get(req.id, 0) - n
+            if left > 0:
+                self.inflight[req.id] = left
+            else:
+                self.inflight.pop(req.id, None)
 
     def complete(self, batch: ScheduledBatch, now: float) -> list[Request]:
         """Apply an iteration that ended at `now`; returns the requests it finished."""

@@ -17,7 +17,7 @@ from dooly.core.errors import DoolyError
 from dooly.simulator.memory import MemoryModel
 from dooly.simulator.metrics import Summary
 from dooly.simulator.scheduler import SchedulerConfig
-from dooly.simulator.simulator import CachedLatency, LatencyModel, simulate
+from dooly.simulator.simulator import CachedLatency, LatencyModel, PipelineLatency, simulate
 from dooly.simulator.workload import Workload
 
 
@@ -76,7 +76,7 @@ def sweep(
 ) -> list[SweepPoint]:
     """Simulate every config (sharing one latency cache, since batch shapes recur across configs). With
     `memory`, each config's ``num_kv_blocks`` is derived from device memory first."""
-    cached = latency if isinstance(latency, CachedLatency) else CachedLatency(latency)
+    cached = latency if isinstance(latency, (CachedLatency, PipelineLatency)) else CachedLatency(latency)
     points = []
     for cfg in configs:
         try:

@@ -5,11 +5,28 @@ Iteration latency comes from any object with ``iteration_latency(batch) -> secon
 or an analytic stand-in in tests). A router (:mod:`dooly.simulator.router`) sends each arriving request to a
 replica: round-robin by default, as Vidur's default global scheduler does. The only randomness is the
 ``random`` router's seeded generator, so a workload, a config and a seed always give the same result.
+
+A replica of M pipeline stages (a :class:`PipelineLatency`: one latency model per stage, each a rank of its stage,
+its send or receive of the hidden states included) keeps up to M batches in flight, as vLLM v1's batch queue does
+(``EngineCore.step_with_batch_queue``). What is modelled:
+
+* the engine schedules a batch whenever fewer than M are in flight, at the instant the last one left the
+  scheduler, an arrival came or a batch completed; the scheduler skips a request whose next token is in flight
+  (see :mod:`dooly.simulator.scheduler`);
+* a schedule that finds nothing while batches are in flight makes the engine wait for the oldest one (vLLM queues
+  the empty step and blocks on the oldest future), so arrivals meanwhile wait for that completion;
+* each stage runs one batch at a time, in the order they were scheduled; a batch enters stage s+1 when stage s
+  finished it and stage s+1 is free; its latency on each stage is that stage's model at the batch's shape;
+* a batch completes (its tokens sampled, its requests' KV released when they finish) when the last stage ends.
+
+Not modelled: the time to hand a batch from one stage's process to the next beyond the send/recv ops priced in
+the stages' traces, the sampled tokens' broadcast back to the first stage, and async scheduling.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +73,27 @@ class CachedLatency:
         return hit
 
 
+class PipelineLatency:
+    """A replica of pipeline stages: each stage's iteration latency from its own model (one rank of the stage)."""
+
+    def __init__(self, stages: Sequence[LatencyModel]) -> None:
+        if not stages:
+            raise DoolyError("a pipeline needs at least one stage")
+        self.stages = [s if isinstance(s, CachedLatency) else CachedLatency(s) for s in stages]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def stage_latencies(self, batch: Batch) -> list[float]:
+        """Seconds each stage takes over ``batch``."""
+        return [s.iteration_latency(batch) for s in self.stages]
+
+    def iteration_latency(self, batch: Batch) -> float:
+        """One batch alone through every stage (no other batch in the pipeline)."""
+        return sum(self.stage_latencies(batch))
+
+
 @dataclass
 class SimulationResult:
     requests: list[Request]
@@ -89,6 +127,10 @@ def simulate(
     if num_replicas < 1:
         raise DoolyError(f"num_replicas must be >= 1, got {num_replicas}")
     route = make_router(router, router_seed) if isinstance(router, str) else router
+    if isinstance(latency, PipelineLatency):
+        if latency.num_stages > 1:
+            return _simulate_pipeline(workload, latency, config, num_replicas, on_iteration, route)
+        latency = latency.stages[0]
     model = latency if isinstance(latency, CachedLatency) else CachedLatency(latency)
     schedulers = [ReplicaScheduler(config) for _ in range(num_replicas)]
     busy: list[ScheduledBatch | None] = [None] * num_replicas
@@ -134,5 +176,75 @@ def simulate(
             for rep in range(num_replicas):
                 if busy[rep] is None:
                     start_next(rep, ev.time)
+    metrics = RequestMetrics.from_requests(requests)
+    return SimulationResult(requests, iterations, metrics, summarize(metrics, iterations), config, num_replicas)
+
+
+def _simulate_pipeline(
+    workload: Workload,
+    latency: PipelineLatency,
+    config: SchedulerConfig,
+    num_replicas: int,
+    on_iteration: Callable[[IterationRecord], None] | None,
+    route: Router,
+) -> SimulationResult:
+    """:func:`simulate` on replicas of ``latency.num_stages`` pipeline stages (see the module docstring)."""
+    stages = latency.num_stages
+    schedulers = [ReplicaScheduler(config) for _ in range(num_replicas)]
+    flight: list[deque[tuple[ScheduledBatch, float]]] = [deque() for _ in range(num_replicas)]
+    free = [[0.0] * stages for _ in range(num_replicas)]  # when each stage finishes what it was given
+    blocked = [False] * num_replicas  # an empty schedule: the engine waits for its oldest batch
+    requests = workload.requests()
+    iterations: list[IterationRecord] = []
+    events = EventQueue()
+    for req in requests:
+        events.push(req.arrival, EventKind.ARRIVAL, payload=req)
+
+    def fill(rep: int, now: float) -> None:
+        sched = schedulers[rep]
+        while not blocked[rep] and len(flight[rep]) < stages and sched.has_work:
+            batch = sched.schedule()
+            if batch.is_empty:
+                if not flight[rep]:
+                    raise RuntimeError(f"replica {rep} has work but scheduled nothing (scheduler bug)")
+                blocked[rep] = True
+                return
+            ahead = sched.inflight
+            shape = Batch(
+                prefill=tuple((n, r.computed + ahead.get(r.id, 0)) for r, n in batch.prefill),
+                decode=tuple(r.computed for r in batch.decode),
+            )
+            for req, _ in batch.prefill:
+                if req.first_scheduled is None:
+                    req.first_scheduled = now
+            sched.dispatch(batch)
+            t, ends = now, free[rep]
+            for s, seconds in enumerate(latency.stage_latencies(shape)):
+                t = ends[s] = max(t, ends[s]) + seconds
+            flight[rep].append((batch, now))
+            events.push(t, EventKind.BATCH_END, replica=rep, payload=batch)
+
+    while events:
+        ev = events.pop()
+        if ev.kind is EventKind.ARRIVAL:
+            req: Request = ev.payload
+            req.replica = route.route(req, schedulers)
+            schedulers[req.replica].add(req)
+        else:
+            rep = ev.replica
+            batch, start = flight[rep].popleft()
+            if batch is not ev.payload:
+                raise RuntimeError(f"replica {rep}: batches left the pipeline out of order (simulator bug)")
+            sched = schedulers[rep]
+            rec = IterationRecord.of(batch, sched.kv, rep, start, ev.time)
+            iterations.append(rec)
+            if on_iteration is not None:
+                on_iteration(rec)
+            sched.settle(batch)
+            sched.complete(batch, ev.time)
+            blocked[rep] = False
+        if not events or events.peek_time() > ev.time:
+            for rep in range(num_replicas):
+                fill(rep, ev.time)
     metrics = RequestMetrics.from_requests(requests)
     return SimulationResult(requests, iterations, metrics, summarize(metrics, iterations), config, num_replicas)
