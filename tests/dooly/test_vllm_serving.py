@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,8 +205,12 @@ def test_real_vllm_serve_against_the_simulator(tmp_path):
     w = parse_workload("static:n=8,prompt=24-160,output=6-12,seed=1")
     cfg = ServeConfig(max_num_seqs=2, max_num_batched_tokens=128, max_model_len=256)
     affinity = os.sched_getaffinity(0)
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("vllm_dist_*"))
     payload = validate("smollm2-135m", w, cfg, 364, LinearLatency(), real_runs=2, workdir=tmp_path, log=lambda m: None)
     assert os.sched_getaffinity(0) == affinity  # the load generator's pinning is undone
+    # the server's temp files (vLLM's vllm_dist_* rendezvous file among them) went with it
+    assert set(tmp.glob("vllm_dist_*")) <= before and not list(tmp.glob(f"dooly-vllm-tmp-{os.getpid()}-*"))
     assert [r["kind"] for r in payload["runs"]] == ["warm-up", "real", "real"]
     assert payload["server"]["kv_cache_tokens"] == 364 * 128  # the simulator's sizing is vLLM's
     measured = payload["measured"]

