@@ -10,8 +10,8 @@ Cases run in this process through the real entry point (`tracesynth.cli.main`, f
 are paid once); the first case of each format also runs as a subprocess, the honest check that
 stderr holds no "Traceback". The Markov baseline has no CLI: its load()/sample() API is fuzzed.
 
-TRACESYNTH_FUZZ_CASES (default 20) is the number of cases per format; TRACESYNTH_FUZZ_SEED (default 0)
-changes the mutations. `make fuzz` runs thousands.
+TRACESYNTH_FUZZ_CASES (default 8, as `make test` runs it) is the number of cases per format;
+TRACESYNTH_FUZZ_SEED (default 0) changes the mutations. `make test-all` runs 200 per format, `make fuzz` 2000.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tracesynth.errors import TraceSynthError
 from tracesynth.trace import Trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-CASES = int(os.environ.get("TRACESYNTH_FUZZ_CASES", "20"))
+CASES = int(os.environ.get("TRACESYNTH_FUZZ_CASES", "8"))
 SEED = int(os.environ.get("TRACESYNTH_FUZZ_SEED", "0"))
 CASE_TIMEOUT = 60  # seconds; a case slower than this counts as a hang
 STALL = 15  # TRACESYNTH_STALL_SECONDS for the readers: well inside CASE_TIMEOUT

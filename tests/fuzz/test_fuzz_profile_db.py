@@ -4,7 +4,8 @@ A profile DB is input a user may receive from elsewhere. Each case copies a DB b
 tiny llama config, a point per grid value of every signature, a few forwards), mutates it one way (truncation,
 byte flips, a garbage page, a wrong schema, huge / NaN / ill-typed values in rows, hostile shape expressions,
 JSON nested past Python's recursion limit)
-and runs one command on it in a subprocess (``python -m dooly ...``). Asserted: exit 0 or 1, no traceback, no
+and runs one command on it (the first case in a subprocess, ``python -m dooly ...``; the others through the same
+entry point in this process, torch's imports paid once). Asserted: exit 0 or 1, no traceback, no
 hang, the DB file byte-identical after a command that only reads, nothing written beside it, and no output
 left behind by a command that failed.
 
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import Result, dooly_in_process
 
 CASES = int(os.environ.get("DOOLY_FUZZ_CASES", "7"))
 SEED = int(os.environ.get("DOOLY_FUZZ_SEED", "0"))
@@ -257,14 +259,22 @@ MUTATE = {"truncate": _truncate, "flip": _flip, "garbage_page": _garbage_page, "
           "values": _values, "expression": _expression, "deep": _deep}  # fmt: skip
 
 
-def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(
-            [sys.executable, "-m", "dooly", *cmd], cwd=cwd, env=_env(), capture_output=True, text=True,
-            timeout=TIMEOUT_S,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
+def _run(cmd: list[str], cwd: Path, in_process: bool = False) -> Result:
+    """`dooly CMD` as a user runs it (a subprocess), or through the same entry point in this process (torch's
+    imports paid once: every mutated case but the first)."""
+    if in_process:
+        res = dooly_in_process(cmd, cwd, _env(), TIMEOUT_S)
+    else:
+        try:
+            p = subprocess.run([sys.executable, "-m", "dooly", *cmd], cwd=cwd, env=_env(), capture_output=True,
+                               text=True, timeout=TIMEOUT_S)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            res = Result(-1, "", "", timed_out=True)
+        else:
+            res = Result(p.returncode, p.stdout, p.stderr)
+    if res.timed_out:
         pytest.fail(f"`dooly {' '.join(cmd)}` hung (no exit within {TIMEOUT_S} s)")
+    return res
 
 
 def _argv(template: list[str], model: Path, db: Path, out: Path) -> list[str]:
@@ -275,9 +285,9 @@ def test_unmutated_db_is_read_by_the_deepest_reader(profile_db: tuple[Path, Path
     """The fixture is a real profile: simulate reads its traces, points and forwards and succeeds."""
     db, cfg = profile_db
     before = db.read_bytes()
-    res = _run(_argv(COMMANDS[2][1], cfg, db, tmp_path), tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "throughput" in res.stdout
+    res = _run(_argv(COMMANDS[2][1], cfg, db, tmp_path), tmp_path, in_process=True)
+    assert res.code == 0, res.err[-2000:]
+    assert "throughput" in res.out
     assert db.read_bytes() == before
 
 
@@ -295,15 +305,15 @@ def test_mutated_profile_db(profile_db: tuple[Path, Path], tmp_path: Path, case:
     for leftover in work.glob("p.db-*"):  # the mutation's own sqlite session left nothing to replay
         leftover.unlink()
     before = db.read_bytes()
-    res = _run(_argv(template, cfg, db, work), work)
-    where = f"case {case} (seed {SEED}), {kind}: {what}; dooly {name} -> exit {res.returncode}"
-    assert res.returncode in (0, 1), f"{where}\n{res.stderr[-3000:]}"
-    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout, f"{where}\n{res.stderr[-3000:]}"
-    if res.returncode == 1:
-        assert res.stderr.strip(), where  # the failure says why
+    res = _run(_argv(template, cfg, db, work), work, in_process=case > 0)
+    where = f"case {case} (seed {SEED}), {kind}: {what}; dooly {name} -> exit {res.code}"
+    assert res.code in (0, 1), f"{where}\n{res.err[-3000:]}"
+    assert "Traceback" not in res.err and "Traceback" not in res.out, f"{where}\n{res.err[-3000:]}"
+    if res.code == 1:
+        assert res.err.strip(), where  # the failure says why
     assert not (work / "PWNED").exists(), where
     left = sorted(p.name for p in work.iterdir())
     if readonly:
         assert db.read_bytes() == before, f"{where}: a reading command altered the DB"
-        expected = ["p.db"] + (outputs if res.returncode == 0 else [])
+        expected = ["p.db"] + (outputs if res.code == 0 else [])
         assert left == sorted(expected), f"{where}: files left {left}"

@@ -70,7 +70,8 @@ def test_ar_on_two_processes_writes_one_model_and_resumes_in_step(real: Path, tm
     assert h["steps"] == 6 and h["rank_steps"] == [6, 6]
 
 
-@pytest.mark.parametrize("kind", ["block", "masked"])
+# masked shares block's training loop and distributed.py: its run is in `make test-all` (12 s of two torchruns)
+@pytest.mark.parametrize("kind", ["block", pytest.param("masked", marks=pytest.mark.slow)])
 def test_a_time_limit_stops_both_ranks_at_the_same_step(kind: str, real: Path, tmp_path: Path) -> None:
     m = tmp_path / "m"
     fit_on_two(real, "-o", m, "--kind", kind, "--steps", 100000, "--time-limit", 2)
