@@ -17,6 +17,7 @@ import numpy as np
 
 from dooly.core.batch import Batch
 from dooly.core.errors import DoolyError
+from dooly.predict.collectives import collective_fill
 from dooly.predict.estimators import (
     PREDICTOR_METHODS,
     GridTable,
@@ -67,6 +68,9 @@ class Predictor:
         self.flattens_batches = False  # set by for_model from the engine (see iteration_latency)
         # filled by for_model(shape=True): per pass, the signatures predicted from shape alone (never measured)
         self.shape_predicted: dict[str, list[ShapeFill]] = {}
+        # filled by for_model(shape=True): one line per collective kind and group size priced by the ring model
+        # (dooly.predict.collectives), saying which group sizes were measured and whether it is extrapolated
+        self.collective_notes: list[str] = []
         # seconds per byte of fresh pages (set by for_model from the DB on a CPU: the op profiles leave them
         # out, see dooly.profile.timing.reused_pages), and per pass the signatures whose outputs can need them
         self.page_cost_s_per_byte = 0.0
@@ -163,9 +167,16 @@ class Predictor:
             if holdout:
                 held |= own_signatures(store, ctx, name, traces)
             shape = shape or bool(held) or holdout
+            coll_notes: list[str] = []
             if shape:
                 measured = {k: v for k, v in pts.items() if k in complete and k not in held}
-                fills, synth = shape_fill(traces, measured, store, ctx, cfg, held)
+                # collectives first, by the ring model over the measured ones (any group size they were timed at)
+                coll = collective_fill(traces, measured, store, ctx, cfg)
+                fills, synth = shape_fill(traces, measured, store, ctx, cfg, held, skip=coll.synth)
+                for key, more in coll.fills.items():
+                    fills.setdefault(key, []).extend(more)
+                synth.update(coll.synth)
+                coll_notes = coll.notes
                 pts_model = {**{k: v for k, v in pts.items() if k not in held}, **synth}
                 complete = (complete - held) | set(synth)
             else:
@@ -179,6 +190,7 @@ class Predictor:
             pred = cls(name, traces, pts_model, method)
             pred.flattens_batches = engine.flattens_batches  # type: ignore[attr-defined]
             pred.shape_predicted = fills
+            pred.collective_notes = coll_notes
             pred.page_cost_s_per_byte = page_cost(store, ctx)
             pred.overhead = _overhead(store, ctx, engine, pts_model, pred, holdout, shared_overhead, db_path)
         return pred

@@ -29,10 +29,11 @@ def own_signatures(store, ctx, name: str, traces: Mapping[str, object]) -> set[s
     return signature_keys(traces) - others
 
 
-def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignore[no-untyped-def]
-    """Shape-model points for every signature of ``traces`` not in ``measured``, on the default grid within the
-    model's positions: ``({phase: [ShapeFill]}, {key: [(values, seconds)]})``. The shape model is fitted on
-    ``measured`` less ``exclude``; a signature whose kind it does not cover is left out (still missing)."""
+def shape_fill(traces, measured, store, ctx, config, exclude=(), skip=()):  # type: ignore[no-untyped-def]
+    """Shape-model points for every signature of ``traces`` not in ``measured`` (nor in ``skip``: priced
+    otherwise), on the default grid within the model's positions: ``({phase: [ShapeFill]}, {key: [(values,
+    seconds)]})``. The shape model is fitted on ``measured`` less ``exclude``; a signature whose kind it does not
+    cover is left out (still missing)."""
     from dooly.core.zoo import max_positions
     from dooly.db.shape_model import ShapeModel, signatures_of
     from dooly.profile.plan import GridSpec
@@ -45,7 +46,7 @@ def shape_fill(traces, measured, store, ctx, config, exclude=()):  # type: ignor
     for phase, tr in traces.items():
         for key, branch in zip(branch_keys(phase, tr), tr.branches(), strict=True):
             for sig, mult in branch.unique().items():
-                if sig.key in measured or not model.covers(sig):
+                if sig.key in measured or sig.key in skip or not model.covers(sig):
                     continue
                 syms = tuple(sorted(sig.symbols()))
                 if sig.key not in synth:
