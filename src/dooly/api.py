@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from dooly.predict.predictor import Predictor
     from dooly.profile import GridSpec, Plan, Savings
     from dooly.simulator import MemoryModel, SchedulerConfig
+    from dooly.simulator.layouts import Layout
     from dooly.simulator.memory import KVSizing
+    from dooly.simulator.metrics import Summary
     from dooly.simulator.study import Study
 
 
@@ -48,16 +50,19 @@ def load_latency_model(
     shape: bool = False,
     device: str = "cpu",
     tp: int = 1,
+    pp: int = 1,
+    pp_stage: int = 0,
 ) -> Predictor:
     """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings);
     `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`);
-    `tp` > 1: one rank of a tensor-parallel replica (its iteration is the replica's)."""
+    `tp` > 1: one rank of a tensor-parallel replica (its iteration is the replica's); `pp` > 1: a rank of
+    pipeline stage `pp_stage` (its iteration is that stage's)."""
     from dooly.engines import get_engine
     from dooly.predict.predictor import Predictor
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
-    engine_obj = get_engine(engine, device=device, dtype=dtype, tp=tp)
+    engine_obj = get_engine(engine, device=device, dtype=dtype, tp=tp, pp=pp, pp_stage=pp_stage)
     return Predictor.for_model(model, db, engine_obj, threads=threads, shape=shape)
 
 
@@ -70,13 +75,15 @@ def serving_latency_model(
     shape: bool = False,
     log: Callable[[str], object] | None = None,
     tp: int = 1,
+    pp: int = 1,
 ) -> tuple[Predictor, str]:
     """`engine`'s predictor for `model`; for vLLM, the HF engine's profiles while the DB has no vLLM ones.
 
     Returns ``(predictor, engine that profiled the ops)``; a fallback is said through `log` (default: printed).
-    `tp` > 1: one rank of a tensor-parallel replica, from its own profiles (no engine to fall back to)."""
-    if tp > 1:
-        return load_latency_model(model, db, dtype, threads, engine, shape, tp=tp), engine
+    `tp` > 1: one rank of a tensor-parallel replica, from its own profiles (no engine to fall back to); `pp` > 1:
+    a rank of the first pipeline stage (:func:`stage_latency_models` gives every stage's)."""
+    if tp > 1 or pp > 1:
+        return load_latency_model(model, db, dtype, threads, engine, shape, tp=tp, pp=pp), engine
     if engine != "vllm":
         return load_latency_model(model, db, dtype, threads, engine, shape), engine
     try:
@@ -88,6 +95,51 @@ def serving_latency_model(
             log = Console().print
         log(f"[yellow]ops profiled with {DEFAULT_ENGINE}[/] (no vLLM profiles for {model}: {exc})")
         return load_latency_model(model, db, dtype, threads, DEFAULT_ENGINE, shape), DEFAULT_ENGINE
+
+
+def stage_latency_models(
+    model: str | ModelSpec,
+    db: Path,
+    dtype: str,
+    threads: int | None,
+    engine: str,
+    shape: bool,
+    tp: int,
+    pp: int,
+    log: Callable[[str], object] | None = None,
+) -> tuple[list[Predictor], str]:
+    """One predictor per pipeline stage of a ``tp`` x ``pp`` replica (a rank of each stage; one stage when ``pp``
+    is 1, with :func:`serving_latency_model`'s fallback), and the engine that profiled the ops."""
+    if pp == 1:
+        pred, used = serving_latency_model(model, db, dtype, threads, engine, shape, log=log, tp=tp)
+        return [pred], used
+    preds = [load_latency_model(model, db, dtype, threads, engine, shape, tp=tp, pp=pp, pp_stage=s) for s in range(pp)]
+    return preds, engine
+
+
+def replica_latency(stages: Sequence[Predictor]) -> Any:
+    """The simulator's latency model of a replica: the predictor itself, or a pipeline of the stages'."""
+    from dooly.simulator import PipelineLatency
+
+    return stages[0] if len(stages) == 1 else PipelineLatency(stages)
+
+
+def warm_traces(model: str | ModelSpec, db: Path, engine: str, dtype: str, tp: int, pp: int) -> None:
+    """Trace every stage rank of a ``tp`` x ``pp`` replica into the DB's trace cache (when the DB is writable), so
+    the predictors, which read the DB as a snapshot, do not trace it again on the next run."""
+    import os
+
+    from dooly.core.zoo import resolve_model
+    from dooly.db.store import ProfileStore
+    from dooly.engines import get_engine
+    from dooly.profile import model_traces
+
+    if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK):
+        return
+    name, cfg = resolve_model(model)
+    with ProfileStore(db) as store:
+        for s in range(pp):
+            model_traces(name, cfg, get_engine(engine, dtype=dtype, tp=tp, pp=pp, pp_stage=s), store)
 
 
 def sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int, kv_blocks: int) -> SchedulerConfig:
@@ -262,14 +314,16 @@ def resolved_once(models: Sequence[str]) -> list[str | ModelSpec]:
     return [resolved(m) for m in models]
 
 
-def profiling_engine(engine: str, device: str, dtype: str, threads: int | None, tp: int = 1) -> tuple[Engine, int]:
-    """The engine to profile with (``tp`` > 1: rank 0 of a tensor-parallel replica), and the torch threads
-    (default: $DOOLY_THREADS or 1)."""
+def profiling_engine(
+    engine: str, device: str, dtype: str, threads: int | None, tp: int = 1, pp: int = 1, pp_stage: int = 0
+) -> tuple[Engine, int]:
+    """The engine to profile with (``tp`` > 1: rank 0 of a tensor-parallel replica; ``pp`` > 1: a rank of pipeline
+    stage ``pp_stage``), and the torch threads (default: $DOOLY_THREADS or 1)."""
     from dooly.engines import get_engine
     from dooly.profile import default_threads
 
     threads = threads if threads is not None else default_threads()
-    return get_engine(engine, device=device, dtype=dtype, tp=tp), threads
+    return get_engine(engine, device=device, dtype=dtype, tp=tp, pp=pp, pp_stage=pp_stage), threads
 
 
 def grid_spec(name: str) -> GridSpec:
@@ -414,6 +468,8 @@ def profile_models(
     ray_address: str | None = None,
     hooks: ProfileHooks | None = None,
     tp: int = 1,
+    pp: int = 1,
+    pp_stage: int = 0,
 ) -> ProfileRun:
     """Profile every signature of ``models`` that the DB at ``db`` lacks, then calibrate each model's framework
     overhead under the ``calibration`` policy (all, check or none); safe to kill and rerun: it resumes.
@@ -422,17 +478,19 @@ def profile_models(
     :class:`NothingToProfile` is raised and a DB this run created is removed. ``budget`` / ``budget_s`` leave
     the signatures the shape model predicts best unmeasured (see :func:`budget_triage`). ``tp`` > 1: rank 0 of
     a tensor-parallel replica, its collectives timed between processes; not calibrated (in its own forward a
-    collective is a one-rank copy), its overhead is the one-device forwards' (``dooly profile`` without ``--tp``)."""
+    collective is a one-rank copy), its overhead is the one-device forwards' (``dooly profile`` without ``--tp``).
+    ``pp`` > 1: a rank of pipeline stage ``pp_stage`` (its send or receive timed between processes), likewise."""
     from dooly.db.store import ProfileStore
     from dooly.profile import make_plan, run_plan, savings
 
     hooks = hooks or ProfileHooks()
     specs = resolved_once(models)
-    engine_obj, threads = profiling_engine(engine, device, dtype, threads, tp)
+    engine_obj, threads = profiling_engine(engine, device, dtype, threads, tp, pp, pp_stage)
     grid_obj = grid_spec(grid)
     policy = calibration_policy(calibration)
-    if tp > 1 and policy != "none":
-        hooks.log(f"--tp {tp}: no calibration (--calibrate {policy} is for the one-device profile)")
+    if (tp > 1 or pp > 1) and policy != "none":
+        flag = f"--tp {tp}" if pp == 1 else f"--tp {tp} --pp {pp}"
+        hooks.log(f"{flag}: no calibration (--calibrate {policy} is for the one-device profile)")
         policy = "none"
     if policy != "none":
         _check_weights_fit(specs, engine_obj)
@@ -526,6 +584,7 @@ def simulate(
     save: bool = True,
     hooks: ServeHooks | None = None,
     tp: int = 1,
+    pp: int = 1,
 ) -> Study:
     """`dooly simulate`: serve ``workload`` (a trace file or a generator spec) on MODEL in the simulator, its
     iteration latencies from the profiles in ``db``; at one configuration, or with ``sweep`` over the config
@@ -534,7 +593,9 @@ def simulate(
     KV blocks per replica: ``kv_blocks``, else vLLM's CPU backend's in ``cpu_kvcache_gb``, else derived from a
     device of ``memory_gb`` GiB as vLLM does, else 4096. The study's payload is saved beside the DB (``save``);
     ``output`` gets its CSV (the sweep table, or the per-request metrics). ``tp`` > 1: a replica of ``tp`` devices
-    (vLLM), its iteration one rank's; ``cpu_kvcache_gb`` and ``memory_gb`` are per device (:func:`kv_devices`)."""
+    (vLLM), its iteration one rank's; ``cpu_kvcache_gb`` and ``memory_gb`` are per device (:func:`kv_devices`).
+    ``pp`` > 1: a replica of ``pp`` pipeline stages of ``tp`` devices each, every stage's iteration its own rank's,
+    up to ``pp`` batches in flight as vLLM v1 keeps them (:mod:`dooly.simulator.simulator`)."""
     from dooly.report import save_result, write_sweep_csv
     from dooly.simulator import make_router, parse_workload
     from dooly.simulator.memory import DEFAULT_KV_BLOCKS
@@ -548,17 +609,24 @@ def simulate(
     chunked = chunked or engine == "vllm"  # vLLM v1's scheduler always chunks prefills
     block_size = block_size or (VLLM_BLOCK_SIZE if engine == "vllm" else 16)
     if cpu_kvcache_gb is not None and kv_blocks is None:
-        kv_gb = cpu_kvcache_gb * kv_devices(spec, tp)  # vLLM's CPU backend sets this space aside on every rank
+        # vLLM's CPU backend sets this space aside on every rank; a stage caches its own layers only
+        kv_gb = cpu_kvcache_gb * kv_devices(spec, tp) * pp
         kv_blocks = vllm_cpu_kv_blocks(spec, kv_gb, block_size, dtype)
         hooks.report(f"KV cache: {kv_blocks} blocks of {block_size} tokens in {kv_gb} GiB (vLLM CPU backend)")
     mem = None
-    if memory_gb is not None:  # each rank holds 1/tp of the weights: the replica has tp devices' memory
-        mem = memory_model(spec, memory_gb * tp, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
+    if memory_gb is not None:  # each rank holds 1/(tp x pp) of the weights: the replica has tp x pp devices' memory
+        mem = memory_model(spec, memory_gb * tp * pp, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
     cfg = sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
     kv = _size_kv_cache(cfg, mem, kv_blocks, hooks.report)
-    latency, _ = serving_latency_model(spec, db, dtype, None, engine, shape, log=hooks.report, tp=tp)
-    if tp > 1:
-        hooks.report(collectives_line(latency, cfg))
+    if pp > 1:
+        warm_traces(spec, db, engine, dtype, tp, pp)
+    stages, _ = stage_latency_models(spec, db, dtype, None, engine, shape, tp, pp, log=hooks.report)
+    latency = replica_latency(stages)
+    if tp > 1 or pp > 1:
+        for s, pred in enumerate(stages):
+            hooks.report((f"stage {s}: " if pp > 1 else "") + collectives_line(pred, cfg))
+        for note in dict.fromkeys(n for pred in stages for n in pred.collective_notes):
+            hooks.report(f"collectives: {note}")
     args: dict[str, Any] = dict(model=str(model), workload_spec=workload, workload=w, latency=latency, kv=kv)
     args.update(memory=mem, replicas=replicas, router=router, router_seed=router_seed)
     if sweep:
@@ -575,6 +643,217 @@ def simulate(
     elif output:
         study.result.metrics.save_csv(output)
     return study
+
+
+@dataclass
+class LayoutPoint:
+    """One layout of a :func:`sweep_layouts`: why it cannot run (``reason``), else what the simulator answered,
+    with the collectives' share of a replica's operator time in a full prefill and a full decode iteration (every
+    stage's ranks together)."""
+
+    layout: Layout
+    reason: str = ""
+    fits: bool = True
+    kv_blocks: int = 0
+    summary: Summary | None = None
+    collectives_prefill: float = float("nan")
+    collectives_decode: float = float("nan")
+    meets_slo: bool = False
+    stages: str = ""  # layers per pipeline stage, as vLLM splits them ("27+27+26")
+    notes: list[str] = field(default_factory=list)  # how its collectives were priced
+
+    @property
+    def throughput_per_device(self) -> float:
+        return self.summary.throughput_tokens / self.layout.devices if self.summary else float("nan")
+
+    def row(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "layout": self.layout.label(),
+            "tp": self.layout.tp,
+            "pp": self.layout.pp,
+            "replicas": self.layout.replicas,
+            "fits": self.fits,
+            "reason": self.reason,
+            "kv_blocks": self.kv_blocks,
+            "layers_per_stage": self.stages,
+            "ttft_p90_s": s.ttft["p90"] if s else float("nan"),
+            "tpot_p90_s": s.tpot["p90"] if s else float("nan"),
+            "tok_per_s": s.throughput_tokens if s else float("nan"),
+            "tok_per_s_per_device": self.throughput_per_device,
+            "collectives_prefill": self.collectives_prefill,
+            "collectives_decode": self.collectives_decode,
+            "meets_slo": self.meets_slo,
+        }
+
+
+@dataclass
+class LayoutSweep:
+    """What :func:`sweep_layouts` found: every layout of ``devices`` devices, the SLO, and notes on the pricing
+    (collectives extrapolated past the group sizes measured)."""
+
+    model: str
+    devices: int
+    workload: str
+    config: str
+    slo: Any
+    points: list[LayoutPoint]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> LayoutPoint | None:
+        """The layout that meets the SLO at the highest throughput per device (ties: the lower p90 end-to-end)."""
+        ok = [p for p in self.points if p.meets_slo and p.summary is not None]
+        if not ok:
+            return None
+        return min(ok, key=lambda p: (-p.throughput_per_device, p.summary.e2e["p90"]))  # type: ignore[union-attr]
+
+    def payload(self) -> dict[str, Any]:
+        top = self.best
+        return {
+            "kind": "layout-sweep",
+            "model": self.model,
+            "devices": self.devices,
+            "workload": self.workload,
+            "config": self.config,
+            "slo": self.slo.describe(),
+            "best": top.layout.label() if top else "none meets the SLO",
+            "layouts": [p.row() for p in self.points],
+            "notes": self.notes,
+            "seconds": self.seconds,
+        }
+
+
+def _replica_collectives(stages: Sequence[Predictor], cfg: SchedulerConfig, kv_len: int = 256) -> tuple[float, float]:
+    """The collectives' share of a replica's operator time (all stages) in a full prefill and a full decode."""
+    out = []
+    for phase, values in (
+        ("prefill", {"requests": 1, "tokens": cfg.max_num_batched_tokens}),
+        ("decode", {"requests": cfg.max_num_seqs, "kv_len": kv_len}),
+    ):
+        ops = [p.ops_latency(phase, values) for p in stages]
+        coll = sum(p.collectives_share(phase, values) * t for p, t in zip(stages, ops, strict=True))
+        out.append(coll / sum(ops) if sum(ops) else 0.0)
+    return out[0], out[1]
+
+
+def sweep_layouts(
+    model: str | ModelSpec,
+    db: Path,
+    *,
+    devices: int,
+    workload: str = SIM_WORKLOAD,
+    max_seqs: int = 32,
+    max_tokens: int = 2048,
+    block_size: int | None = None,
+    memory_gb: float | None = None,
+    gpu_util: float = 0.9,
+    kv_cache_dtype: str = "auto",
+    activation_gb: float | None = None,
+    kv_blocks: int | None = None,
+    router: str = "round_robin",
+    router_seed: int = 0,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+    dtype: str = "bfloat16",
+    engine: str = "vllm",
+    max_pp: int | None = None,
+    save: bool = True,
+    hooks: ServeHooks | None = None,
+) -> LayoutSweep:
+    """`dooly simulate --sweep-layouts`: every (tp, pp, replicas) of ``devices`` devices
+    (:func:`~dooly.simulator.layouts.enumerate_layouts`), the ones vLLM refuses named with its reason, the ones
+    whose weights and KV cache do not fit in ``memory_gb`` GiB per device marked so, and every other one simulated
+    on ``workload`` with vLLM v1's scheduler (``max_seqs``, ``max_tokens`` per replica; requests spread over the
+    replicas by ``router``). The pick meets the SLO at the highest throughput per device.
+
+    Each stage's rank is priced from the DB with the shape model for what was never profiled (a layout is rarely
+    profiled whole), and its collectives from the ring model over the group sizes measured
+    (:mod:`dooly.predict.collectives`, extrapolations listed in ``notes``). The stages' traces are cached in the DB."""
+    from dooly.report import save_result
+    from dooly.simulator import make_router, parse_workload, vllm_v1_config
+    from dooly.simulator.layouts import enumerate_layouts
+    from dooly.simulator.memory import DEFAULT_KV_BLOCKS
+    from dooly.simulator.search import SLO
+
+    t0 = time.perf_counter()
+    hooks = hooks or ServeHooks()
+    if engine != "vllm":
+        raise DoolyError(f"--sweep-layouts needs --engine vllm (tensor and pipeline parallel ranks), not {engine}")
+    make_router(router)
+    w = parse_workload(workload)
+    spec = resolved(model)
+    base = vllm_v1_config(max_seqs, max_tokens, block_size or VLLM_BLOCK_SIZE, DEFAULT_KV_BLOCKS)
+    limits = (memory_gb, gpu_util, kv_cache_dtype, activation_gb, kv_blocks)
+    slo = SLO(slo_ttft, slo_tpot)
+    layouts = enumerate_layouts(devices, max_pp)
+    points: list[LayoutPoint] = []
+    notes: dict[str, None] = {}
+    with hooks.bars() as task:
+        advance = task(f"simulating {len(layouts)} layouts of {devices} devices", len(layouts))
+        for lay in layouts:
+            point = _layout_point(spec, db, lay, w, base, limits, dtype, router, router_seed)
+            if point.summary is not None:
+                point.meets_slo = slo.met(point.summary)
+            notes.update(dict.fromkeys(point.notes))
+            points.append(point)
+            advance(1)
+    sweep = LayoutSweep(str(model), devices, workload, base.label(), slo, points, list(notes))
+    sweep.seconds = time.perf_counter() - t0
+    if save:
+        save_result(db, f"layouts-{Path(str(model)).stem}-{devices}", sweep.payload())
+    return sweep
+
+
+def _layout_point(
+    spec: str | ModelSpec,
+    db: Path,
+    lay: Layout,
+    w: Any,
+    base: SchedulerConfig,
+    limits: tuple,
+    dtype: str,
+    router: str,
+    router_seed: int,
+) -> LayoutPoint:
+    """One layout of :func:`sweep_layouts`: refused, not fitting, or simulated (``limits``: memory GiB per device,
+    utilisation, KV dtype, activation reserve, explicit KV blocks)."""
+    from dooly.core.zoo import num_layers, resolve_model
+    from dooly.simulator.layouts import pp_partition, vllm_refusal
+    from dooly.simulator.memory import size_kv_cache
+    from dooly.simulator.simulator import simulate as run_sim
+
+    memory_gb, gpu_util, kv_cache_dtype, activation_gb, kv_blocks = limits
+    point = LayoutPoint(lay)
+    cfg = resolve_model(spec)[1]
+    why = vllm_refusal(cfg, lay.tp, lay.pp)
+    if why:
+        point.reason, point.fits = f"vLLM refuses it: {why}", False
+        return point
+    if lay.pp > 1:
+        point.stages = "+".join(map(str, pp_partition(num_layers(cfg) or 0, lay.pp)))
+    mem = None
+    if memory_gb is not None:  # each device holds 1/(tp x pp) of the weights and of the KV cache
+        per_replica = memory_gb * lay.devices_per_replica
+        mem = memory_model(spec, per_replica, gpu_util, dtype, kv_cache_dtype, activation_gb, "vllm")
+    try:
+        kv = size_kv_cache(base, mem, kv_blocks)
+    except DoolyError as exc:
+        point.reason, point.fits = f"does not fit: {exc}", False
+        return point
+    point.kv_blocks = kv.config.num_kv_blocks
+    warm_traces(spec, db, "vllm", dtype, lay.tp, lay.pp)
+    stages, _ = stage_latency_models(spec, db, dtype, None, "vllm", True, lay.tp, lay.pp)
+    point.notes = list(dict.fromkeys(n for pred in stages for n in pred.collective_notes))
+    point.collectives_prefill, point.collectives_decode = _replica_collectives(stages, kv.config)
+    try:
+        res = run_sim(w, replica_latency(stages), kv.config, lay.replicas, router=router, router_seed=router_seed)
+    except DoolyError as exc:  # a request a replica can never hold
+        point.reason = str(exc)
+    else:
+        point.summary = res.summary
+    return point
 
 
 def kv_devices(model: str | ModelSpec, tp: int) -> int:

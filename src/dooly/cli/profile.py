@@ -230,6 +230,8 @@ def profile_cmd(
     tp: int = typer.Option(
         1, "--tp", min=1, help="Profile rank 0 of a tensor-parallel replica (vllm); its collectives between processes."
     ),
+    pp: int = typer.Option(1, "--pp", min=1, help="Pipeline stages of the replica (vllm); profile one stage's rank."),
+    pp_stage: int = typer.Option(0, "--pp-stage", min=0, help="With --pp: which stage's rank to profile (0-based)."),
 ) -> None:
     """Profile every signature of MODELS that the DB lacks (safe to kill and rerun: it resumes)."""
     from dooly.api import NothingToProfile, ProfileHooks, profile_models
@@ -237,6 +239,7 @@ def profile_cmd(
     hooks = ProfileHooks(log=_log, report=out.print, bar=_points_bar, steps=_Steps)
     kw = {"engine": engine_name, "device": device, "dtype": dtype, "threads": threads, "grid": grid}
     kw |= {"calibration": "none" if no_calibrate else calibration, "budget": budget, "budget_s": budget_s, "tp": tp}
+    kw |= {"pp": pp, "pp_stage": pp_stage}
     try:
         run = profile_models(models, db, ray_address=ray_address, hooks=hooks, **kw)
     except NothingToProfile as exc:

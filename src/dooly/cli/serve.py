@@ -87,7 +87,12 @@ def simulate(
     replicas: int = typer.Option(1, help="Replicas (requests spread by --router)."),
     router: str = typer.Option("round_robin", "--router", help=ROUTER_HELP),
     router_seed: int = typer.Option(0, "--router-seed", help="Seed of the random router."),
-    sweep: bool = typer.Option(False, "--sweep", help="Sweep max tokens, max seqs and chunked prefill."),
+    sweep: bool = typer.Option(
+        False,
+        "--sweep",
+        help="Sweep the scheduler config (max tokens, max seqs, chunked prefill) of one device layout "
+        "(--sweep-layouts sweeps the layouts instead).",
+    ),
     slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="SLO on p90 TTFT, seconds."),
     slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="SLO on p90 TPOT, seconds."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write per-request (or sweep) CSV here."),
@@ -102,13 +107,37 @@ def simulate(
     tp: int = typer.Option(
         1, "--tp", min=1, help="Tensor-parallel devices per replica (vllm; profiled with `dooly profile --tp`)."
     ),
+    pp: int = typer.Option(
+        1,
+        "--pp",
+        min=1,
+        help="Pipeline stages per replica, each of --tp devices (vllm): up to --pp batches in flight, as vLLM v1.",
+    ),
+    sweep_layouts: bool = typer.Option(
+        False,
+        "--sweep-layouts",
+        help="Simulate every layout of --devices devices (TP x PP x replicas, vllm; unprofiled ranks priced from "
+        "shape) at the scheduler config given, and pick the one that meets the SLO at the highest throughput per "
+        "device (--sweep sweeps the scheduler config of one layout instead).",
+    ),
+    devices: int = typer.Option(8, "--devices", min=1, help="Devices the layout sweep divides (--sweep-layouts)."),
 ) -> None:
-    """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO."""
+    """Simulate serving MODEL from its profiles; with --sweep, find the best config under an SLO; with
+    --sweep-layouts, the best device layout."""
+    if sweep_layouts:
+        if sweep:
+            raise typer.BadParameter("--sweep and --sweep-layouts sweep different things: give one")
+        kw = {"workload": workload, "max_seqs": max_seqs, "max_tokens": max_tokens, "block_size": block_size}
+        kw |= {"memory_gb": memory_gb, "gpu_util": gpu_util, "kv_cache_dtype": kv_cache_dtype, "kv_blocks": kv_blocks}
+        kw |= {"activation_gb": activation_gb, "router": router, "router_seed": router_seed, "slo_ttft": slo_ttft}
+        kw |= {"slo_tpot": slo_tpot, "dtype": dtype, "engine": engine}
+        print_layouts(api.sweep_layouts(model, db, devices=devices, **kw, hooks=_hooks()))
+        return
     kw = {"max_seqs": max_seqs, "max_tokens": max_tokens, "chunked": chunked, "block_size": block_size}
     kw |= {"cpu_kvcache_gb": cpu_kvcache_gb, "kv_blocks": kv_blocks, "memory_gb": memory_gb, "gpu_util": gpu_util}
     kw |= {"kv_cache_dtype": kv_cache_dtype, "activation_gb": activation_gb, "replicas": replicas, "router": router}
     kw |= {"router_seed": router_seed, "sweep": sweep, "slo_ttft": slo_ttft, "slo_tpot": slo_tpot, "dtype": dtype}
-    kw |= {"engine": engine, "shape": shape, "output": output, "tp": tp}
+    kw |= {"engine": engine, "shape": shape, "output": output, "tp": tp, "pp": pp}
     study = api.simulate(model, db, workload=workload, **kw, hooks=_hooks())
     if sweep:
         print_sweep(study)
@@ -116,6 +145,50 @@ def simulate(
         _print_study(study, model, len(study.result.requests))
     if output:
         out.print(f"sweep table: {output}" if sweep else f"per-request metrics: {output}")
+
+
+def _pct(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def print_layouts(sweep) -> None:  # type: ignore[no-untyped-def]
+    """The layout sweep's table (one row per layout, refused and not fitting ones with why) and its pick."""
+    top = sweep.best
+    table = Table(
+        "layout", "fits", "KV blocks", "TTFT p90 s", "TPOT p90 s", "tok/s", "tok/s/device", "coll. prefill",
+        "coll. decode", "SLO", box=None,
+        title=f"{sweep.model} on {sweep.devices} devices: {sweep.workload} ({sweep.config} per replica)",
+    )  # fmt: skip
+    for p in sweep.points:
+        s = p.summary
+        name = p.layout.label() + (f" ({p.stages})" if p.stages else "")
+        if not p.fits:
+            verdict = "vLLM refuses" if p.reason.startswith("vLLM") else "does not fit"
+            table.add_row(name, "no", "-", "-", "-", "-", "-", "-", "-", verdict)
+            continue
+        if s is None:
+            table.add_row(name, "yes", str(p.kv_blocks), "-", "-", "-", "-", "-", "-", "n/a")
+            continue
+        verdict = ("pick" if p is top else "meets") if p.meets_slo else "misses"
+        table.add_row(
+            name, "yes", str(p.kv_blocks), f"{s.ttft['p90']:.2f}", f"{s.tpot['p90']:.3f}", f"{s.throughput_tokens:.1f}",
+            f"{p.throughput_per_device:.1f}", _pct(p.collectives_prefill), _pct(p.collectives_decode), verdict,
+        )  # fmt: skip
+    out.print(table)
+    for p in sweep.points:
+        if p.reason:
+            out.print(f"{p.layout.label()}: {p.reason}")
+    out.print("coll. prefill / decode: the collectives' share of a replica's operator time in a full prefill / decode")
+    for note in sweep.notes:
+        out.print(f"collectives: {note}")
+    if top is None:
+        out.print(f"no layout meets {sweep.slo.describe()}")
+    else:
+        out.print(
+            f"pick under {sweep.slo.describe()}: [bold]{top.layout.label()}[/] "
+            f"({top.throughput_per_device:.1f} tok/s per device, {top.summary.throughput_tokens:.1f} tok/s in all, "
+            f"TTFT p90 {_ms(top.summary.ttft['p90'])} ms, TPOT p90 {_ms(top.summary.tpot['p90'])} ms)"
+        )
 
 
 def _print_study(study, model: str, n_requests: int) -> None:  # type: ignore[no-untyped-def]
