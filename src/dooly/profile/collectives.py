@@ -185,24 +185,32 @@ def _sweep_dead_segments() -> None:
 
 
 class _Group:
-    """``world`` worker processes joined in one process group, one per core as far as there are cores."""
+    """``world`` worker processes joined in one process group, one per core as far as there are cores.
 
-    def __init__(self, world: int) -> None:
+    ``target(rank, world, init_file, ident, core, conn)`` is each worker's body (default: the collective timer's):
+    it answers ``("ready", what)`` once started (or ``("error", why)``), then one answer per request until it
+    receives None."""
+
+    def __init__(
+        self, world: int, target: Any = None, prefix: str = "dooly-coll-", timeout_s: float = _WORKER_TIMEOUT_S
+    ) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch or vLLM state inherited
         # named by pid, so a run SIGKILLed mid-profile leaves nothing the next one does not sweep
-        self.dir = str(owned_tmpdir("dooly-coll-", owner=self))
+        self.dir = str(owned_tmpdir(prefix, owner=self))
         _sweep_dead_segments()
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.ident = ident = f"dooly-{os.getpid()}-{id(self)}"
         self.conns: list[Any] = []
         self.procs: list[Any] = []
+        self.what = "collective workers" if target is None else "rank workers"
+        self.timeout_s = timeout_s
         for rank in range(world):
             parent, child = ctx.Pipe()
             core = cores[rank % len(cores)] if cores else None
             args = (rank, world, os.path.join(self.dir, "init"), ident, core, child)
-            proc = ctx.Process(target=_worker, args=args, daemon=True)
+            proc = ctx.Process(target=target or _worker, args=args, daemon=True)
             proc.start()
             self.conns.append(parent)
             self.procs.append(proc)
@@ -210,25 +218,28 @@ class _Group:
             status, what = self._recv(conn)
             if status != "ready":
                 self.close()
-                raise DoolyError(f"collective workers failed to start: {what}")
+                raise DoolyError(f"{self.what} failed to start: {what}")
         self.backend = what
 
     def _recv(self, conn: Any) -> Any:
         """A worker's answer; a worker that died or hung (a peer gone mid-exchange) gives the group up."""
-        deadline = time.monotonic() + _WORKER_TIMEOUT_S
+        deadline = time.monotonic() + self.timeout_s
         while not conn.poll(1.0):
             dead = [p.exitcode for p in self.procs if not p.is_alive()]
             if dead or time.monotonic() > deadline:
                 self.close()
-                why = f"a worker exited ({dead[0]})" if dead else f"no answer in {_WORKER_TIMEOUT_S:.0f} s"
-                raise DoolyError(f"collective workers: {why}")
+                why = f"a worker exited ({dead[0]})" if dead else f"no answer in {self.timeout_s:.0f} s"
+                raise DoolyError(f"{self.what}: {why}")
         return conn.recv()
 
-    def run(self, calls: Sequence[CollectiveCall], cfg: TimerConfig) -> list[tuple]:
+    def ask(self, request: Any) -> list[Any]:
+        """Every rank's answer to ``request`` (the same to each), in rank order."""
         for c in self.conns:
-            c.send((list(calls), cfg))
-        answers = [self._recv(c) for c in self.conns]
-        return answers[0]
+            c.send(request)
+        return [self._recv(c) for c in self.conns]
+
+    def run(self, calls: Sequence[CollectiveCall], cfg: TimerConfig) -> list[tuple]:
+        return self.ask((list(calls), cfg))[0]
 
     def close(self) -> None:
         for conn, proc in zip(self.conns, self.procs, strict=True):

@@ -1,0 +1,87 @@
+"""Validation of a tensor-parallel rank's prediction against the real replica's forwards (``dooly validate --tp``).
+
+The rank's predictor (``Predictor.for_model`` with the engine of ``dooly profile --tp N``: its shards' ops, its
+collectives timed between processes, the one-device framework overhead) is scored against forwards of the whole
+replica: ``N`` processes, one per core, each vLLM's model for its rank, exchanging through vLLM's shared-memory
+all-reduce (:class:`~dooly.profile.parallel_forward.ReplicaRanks`). The shapes, rounds and rows are those of
+:func:`~dooly.predict.validate.validate_model`, so the same MAPE and noise floor read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from dooly.core.errors import DoolyError
+from dooly.predict.predictor import Predictor
+from dooly.predict.validate import VALIDATION_SHAPES, ValidationRow
+
+
+def validate_parallel(
+    predictor: Predictor,
+    config: Mapping[str, object],
+    engine: Any,
+    shapes: Mapping[str, list[dict[str, int]]] | None = None,
+    threads: int | None = None,
+    repeats: int = 5,
+    store: Any | None = None,
+    rounds: int = 2,
+    on_step: Callable[[int, int, str], None] | None = None,
+) -> list[ValidationRow]:
+    """As :func:`~dooly.predict.validate.validate_model`, for ``engine`` (vLLM's, ``tensor_parallel_size`` > 1):
+    each held-out shape timed on the real replica (rank 0's wall time, the ranks lined up before every forward),
+    in ``rounds`` interleaved rounds, each round's median kept in ``rounds_s`` (their spread is the noise floor).
+    ``threads``: torch threads per rank (default 1). With a ``store`` the measurements are kept (as models
+    ``"<name>#tpN-holdout"``, ``"<name>#tpN-holdout2"``, ..., never fitted on) and reused by the next call."""
+    from dooly.core.zoo import max_positions
+    from dooly.db.store import Measurement, canonical_point
+    from dooly.profile import context_for, shapes_within
+    from dooly.profile.parallel_forward import ReplicaRanks
+
+    tp = int(getattr(engine, "tp", 1))
+    if getattr(engine, "name", None) != "vllm" or tp < 2 or getattr(engine, "pp", 1) != 1:
+        raise DoolyError("validation of a parallel replica needs the vllm engine with --tp 2 or more (and no --pp)")
+    threads = threads or 1
+    shapes = shapes_within(shapes or VALIDATION_SHAPES, max_positions(config))
+    keys = [f"{predictor.name}#tp{tp}-holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
+    ctx = context_for(engine, threads) if store is not None else None
+    have: dict[tuple[str, str, str], float] = {}
+    if store is not None:
+        for key in keys:
+            for _, ph, v, m in store.forwards(ctx, key):
+                have[(key, ph, canonical_point(v))] = m.median_s
+    ranks: ReplicaRanks | None = None
+    medians: dict[tuple[str, str], list[float]] = {}
+    step, done, total = on_step or (lambda d, t, w: None), 0, len(keys) * sum(len(vs) for vs in shapes.values())
+    try:
+        for key in keys:
+            for phase, vs in shapes.items():
+                for v in vs:
+                    step(done, total, f"{phase} " + " ".join(f"{k}={x}" for k, x in v.items()))
+                    done += 1
+                    m = have.get((key, phase, canonical_point(v)))
+                    if m is None:
+                        if ranks is None:
+                            step(done - 1, total, f"starting {tp} ranks")
+                            ranks = ReplicaRanks(config, tp=tp, dtype=engine.dtype, threads=threads)
+                        t = ranks.time(phase, v, repeats=repeats)
+                        m = t.median_s
+                        if store is not None:
+                            meas = Measurement(t.median_s, t.p10_s, t.p90_s, len(t.wall_s), float(sum(t.wall_s)))
+                            store.put_forward(ctx, key, phase, v, meas)
+                    medians.setdefault((phase, canonical_point(v)), []).append(m)
+    finally:
+        if ranks is not None:
+            ranks.close()
+    step(total, total, "done")
+    rows = []
+    for phase, vs in shapes.items():
+        for v in vs:
+            rs = tuple(medians[(phase, canonical_point(v))])
+            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predictor.forward_latency(phase, v), rs))
+    return rows
+
+
+__all__ = ["validate_parallel"]
