@@ -266,13 +266,16 @@ def _measure(name: str, pred, cfg, engine, keep_in: Path | None, **kw):  # type:
     """`validate`'s held-out forwards, with progress (stored in ``keep_in`` when given)."""
     from dooly.db.store import ProfileStore
     from dooly.predict.validate import validate_model
+    from dooly.predict.validate_parallel import validate_parallel
 
+    # a rank of a tensor-parallel replica: the whole replica's forwards, its ranks in processes of their own
+    measure = validate_parallel if getattr(engine, "tp", 1) > 1 else validate_model
     err.print(f"measuring {name}")
     with _Steps(f"measuring {name}") as steps:
         if keep_in is None:
-            return validate_model(pred, cfg, engine, on_step=steps, **kw)
+            return measure(pred, cfg, engine, on_step=steps, **kw)
         with ProfileStore(keep_in) as store:
-            return validate_model(pred, cfg, engine, store=store, on_step=steps, **kw)
+            return measure(pred, cfg, engine, store=store, on_step=steps, **kw)
 
 
 @app.command("validate")
@@ -300,6 +303,13 @@ def validate_cmd(
         help="Store the held-out measurements in the DB (as MODEL#holdout, never fitted on); a later `--keep` "
         "run re-scores them without measuring again (after a new profile or predictor change, on this machine).",
     ),
+    tp: int = typer.Option(
+        1,
+        "--tp",
+        min=1,
+        help="Score rank 0 of a tensor-parallel replica (vllm) against the real replica's forwards "
+        "(its ranks in processes of their own, one per core; after `dooly profile --tp`).",
+    ),
 ) -> None:
     """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase.
 
@@ -316,7 +326,7 @@ def validate_cmd(
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `{profile_command(model, db, model)}` first)")
-    engine, threads = profiling_engine(engine_name, device, dtype, threads)
+    engine, threads = profiling_engine(engine_name, device, dtype, threads, tp=tp)
     name, cfg = resolve_model(model)
     if method == "auto":
         _print_method_errors(db, engine, threads)
