@@ -1,6 +1,6 @@
 """`dooly validate --tp 2`'s measurements: the real forwards of a TP=2 vLLM replica, both ranks in their own
 processes (one per core) exchanging through vLLM's CPU communicator, rank 0's times scored like a one-device
-validation's.
+validation's; and the same for a replica of two pipeline stages (PP=2), timed on the last stage.
 
 A tiny llama (4 heads, 2 KV heads: both divide by 2). Starting the two ranks (each imports vLLM and builds its
 shard) takes ~25 s, so the tests that start them share one run and are marked slow; no figure is compared with
@@ -85,8 +85,10 @@ def test_a_tp2_replica_s_forwards_are_timed_on_rank_0_per_shape_and_round(measur
     assert [(r.phase, r.values) for r in rows] == [(ph, v) for ph, vs in SHAPES.items() for v in vs]
     for r in rows:
         assert len(r.rounds_s) == 2 and all(math.isfinite(x) and x > 0 for x in r.rounds_s)
-        assert math.isfinite(r.measured_s) and r.measured_s > 0 and r.predicted_s == _Pred().forward_latency(
-            r.phase, r.values
+        assert (
+            math.isfinite(r.measured_s)
+            and r.measured_s > 0
+            and r.predicted_s == _Pred().forward_latency(r.phase, r.values)
         )
     assert math.isfinite(phase_mape(rows)) and math.isfinite(round_spread(rows))
 
@@ -135,7 +137,19 @@ def test_a_model_whose_heads_do_not_divide_by_2_is_refused_in_one_line_before_an
 
 def test_validation_of_a_replica_needs_the_vllm_engine_split_two_ways_or_more() -> None:
     for engine in (get_engine("vllm"), get_engine("hf-eager")):
-        with pytest.raises(DoolyError, match="--tp 2 or more"):
+        with pytest.raises(DoolyError, match="--tp or --pp of 2 or more"):
             vp.validate_parallel(_Pred(), LLAMA, engine, SHAPES)
     with pytest.raises(DoolyError, match="at least 2 ranks"):
         parallel_forward.ReplicaRanks(LLAMA, tp=1)
+    with pytest.raises(DoolyError, match="one predictor per stage, not 1"):  # before any rank starts
+        vp.validate_parallel(_Pred(), LLAMA, get_engine("vllm", pp=2), SHAPES)
+
+
+@pytest.mark.slow  # starting the two stages takes ~30-60 s
+def test_a_pp2_replica_is_timed_on_its_last_stage_and_predicted_as_the_sum_of_its_stages() -> None:
+    shapes = {"prefill": [{"requests": 1, "tokens": 24}], "decode": []}
+    rows = vp.validate_parallel([_Pred(), _Pred()], LLAMA, get_engine("vllm", dtype="float32", pp=2), shapes,
+                                repeats=1, rounds=1)  # fmt: skip
+    assert len(rows) == 1 and rows[0].predicted_s == 2 * _Pred().forward_latency("prefill", {})
+    assert math.isfinite(rows[0].measured_s) and rows[0].measured_s > 0
+    assert not multiprocessing.active_children()

@@ -594,7 +594,13 @@ class VLLMEngine(Engine):
             return self._run(model, st, inputs)
 
     @staticmethod
-    def _run(model: Any, st: _State, inputs: Mapping[str, Any]) -> Any:
+    def _received(buffers: Any) -> Any:
+        """A later pipeline stage's inputs: here each a ``dooly_vllm::recv`` into its buffer (one process)."""
+        from dooly.engines.vllm_parallel import received
+
+        return received(buffers)
+
+    def _run(self, model: Any, st: _State, inputs: Mapping[str, Any]) -> Any:
         """The step under vLLM's forward context: the model, then the logits and the greedy pick (a pipeline
         stage before the last hands its hidden states on instead)."""
         import torch
@@ -602,14 +608,12 @@ class VLLMEngine(Engine):
         from vllm.distributed import get_pp_group
         from vllm.forward_context import set_forward_context
 
-        from dooly.engines.vllm_parallel import received
-
         r, t, _ = inputs["shape"]
         with torch.no_grad(), set_current_vllm_config(st.vllm_config), set_forward_context(
             inputs["attn_metadata"], st.vllm_config, num_tokens=r * t, slot_mapping=inputs["slot_mapping"]
         ):  # fmt: skip
             # a later pipeline stage starts from the hidden states it receives
-            stage = {"intermediate_tensors": received(inputs["stage_recv"])} if "stage_recv" in inputs else {}
+            stage = {"intermediate_tensors": self._received(inputs["stage_recv"])} if "stage_recv" in inputs else {}
             hidden = model(input_ids=inputs["input_ids"], positions=inputs["positions"], **stage)
             if "stage_tokens" in inputs:
                 # an earlier stage hands its hidden states on; the next step's tokens come from the scheduler

@@ -1,15 +1,17 @@
-"""Validation of a tensor-parallel rank's prediction against the real replica's forwards (``dooly validate --tp``).
+"""Validation of a parallel rank's prediction against the real replica's forwards (``dooly validate --tp``).
 
 The rank's predictor (``Predictor.for_model`` with the engine of ``dooly profile --tp N``: its shards' ops, its
 collectives timed between processes, the one-device framework overhead) is scored against forwards of the whole
 replica: ``N`` processes, one per core, each vLLM's model for its rank, exchanging through vLLM's shared-memory
-all-reduce (:class:`~dooly.profile.parallel_forward.ReplicaRanks`). The shapes, rounds and rows are those of
-:func:`~dooly.predict.validate.validate_model`, so the same MAPE and noise floor read them.
+all-reduce (:class:`~dooly.profile.parallel_forward.ReplicaRanks`). With pipeline stages (``--pp``) the figure
+predicted is the sum of the stages' (one rank's predictor per stage: a lone batch passes through each in turn, as
+the simulator's ``PipelineLatency`` prices it), measured on the last stage. The shapes, rounds and rows are those
+of :func:`~dooly.predict.validate.validate_model`, so the same MAPE and noise floor read them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ from dooly.predict.validate import VALIDATION_SHAPES, ValidationRow
 
 
 def validate_parallel(
-    predictor: Predictor,
+    predictor: Predictor | Sequence[Predictor],
     config: Mapping[str, object],
     engine: Any,
     shapes: Mapping[str, list[dict[str, int]]] | None = None,
@@ -30,22 +32,29 @@ def validate_parallel(
     rounds: int = 2,
     on_step: Callable[[int, int, str], None] | None = None,
 ) -> list[ValidationRow]:
-    """As :func:`~dooly.predict.validate.validate_model`, for ``engine`` (vLLM's, ``tensor_parallel_size`` > 1):
-    each held-out shape timed on the real replica (rank 0's wall time, the ranks lined up before every forward),
-    in ``rounds`` interleaved rounds, each round's median kept in ``rounds_s`` (their spread is the noise floor).
-    ``threads``: torch threads per rank (default 1). With a ``store`` the measurements are kept (as models
-    ``"<name>#tpN-holdout"``, ``"<name>#tpN-holdout2"``, ..., never fitted on) and reused by the next call."""
+    """As :func:`~dooly.predict.validate.validate_model`, for ``engine`` (vLLM's, with ``tensor_parallel_size`` or
+    ``pipeline_parallel_size`` above 1): each held-out shape timed on the real replica (the wall time of the rank
+    that ends the step, the ranks lined up before every forward), in ``rounds`` interleaved rounds, each round's
+    median kept in ``rounds_s`` (their spread is the noise floor). ``predictor``: the rank's, or with ``pp`` stages
+    one per stage, in order (their forwards summed). ``threads``: torch threads per rank (default 1). With a
+    ``store`` the measurements are kept (as models ``"<name>#tpN-holdout"``, ``"<name>#tpN-holdout2"``, ...;
+    ``#tpNppM-`` with stages; never fitted on) and reused by the next call."""
     from dooly.core.zoo import max_positions
     from dooly.db.store import Measurement, canonical_point
     from dooly.profile import context_for, shapes_within
     from dooly.profile.parallel_forward import ReplicaRanks
 
-    tp = int(getattr(engine, "tp", 1))
-    if getattr(engine, "name", None) != "vllm" or tp < 2 or getattr(engine, "pp", 1) != 1:
-        raise DoolyError("validation of a parallel replica needs the vllm engine with --tp 2 or more (and no --pp)")
+    tp, pp = int(getattr(engine, "tp", 1)), int(getattr(engine, "pp", 1))
+    if getattr(engine, "name", None) != "vllm" or tp * pp < 2:
+        raise DoolyError("validation of a parallel replica needs the vllm engine with --tp or --pp of 2 or more")
+    stages = list(predictor) if isinstance(predictor, Sequence) else [predictor]
+    if len(stages) != pp:
+        raise DoolyError(f"a replica of {pp} pipeline stage(s) is predicted by one predictor per stage, "
+                         f"not {len(stages)}")  # fmt: skip
     threads = threads or 1
     shapes = shapes_within(shapes or VALIDATION_SHAPES, max_positions(config))
-    keys = [f"{predictor.name}#tp{tp}-holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
+    layout = f"tp{tp}" + (f"pp{pp}" if pp > 1 else "")
+    keys = [f"{stages[0].name}#{layout}-holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
     ctx = context_for(engine, threads) if store is not None else None
     have: dict[tuple[str, str, str], float] = {}
     if store is not None:
@@ -64,8 +73,8 @@ def validate_parallel(
                     m = have.get((key, phase, canonical_point(v)))
                     if m is None:
                         if ranks is None:
-                            step(done - 1, total, f"starting {tp} ranks")
-                            ranks = ReplicaRanks(config, tp=tp, dtype=engine.dtype, threads=threads)
+                            step(done - 1, total, f"starting {tp * pp} ranks")
+                            ranks = ReplicaRanks(config, tp=tp, dtype=engine.dtype, threads=threads, pp=pp)
                         t = ranks.time(phase, v, repeats=repeats)
                         m = t.median_s
                         if store is not None:
@@ -80,7 +89,8 @@ def validate_parallel(
     for phase, vs in shapes.items():
         for v in vs:
             rs = tuple(medians[(phase, canonical_point(v))])
-            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predictor.forward_latency(phase, v), rs))
+            predicted = sum(p.forward_latency(phase, v) for p in stages)
+            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predicted, rs))
     return rows
 
 

@@ -1,21 +1,23 @@
-"""Real forwards of a tensor-parallel vLLM replica: its ``tp`` ranks in ``tp`` processes, one pinned per core.
+"""Real forwards of a parallel vLLM replica: its ``tp x pp`` ranks in as many processes, one pinned per core.
 
-What a TP rank's prediction is checked against (``dooly validate --tp``). Each worker (spawned and watched as
-:mod:`dooly.profile.collectives`'s are: dies with dooly, owned temp directory, shared-memory segments swept)
-joins a world of ``tp`` processes as vLLM's CPU worker does, builds vLLM's model for its rank with dummy weights
+What a parallel rank's prediction is checked against (``dooly validate --tp``). Each worker (spawned and watched
+as :mod:`dooly.profile.collectives`'s are: dies with dooly, owned temp directory, shared-memory segments swept)
+joins a world of ``tp x pp`` processes as vLLM's CPU worker does, builds vLLM's model for its rank with dummy weights
 (:class:`~dooly.engines.vllm_ranks.VLLMRankEngine`: the engine ``dooly validate`` times at one device, with the
 real process groups), and runs the model at each shape asked for with the inputs the one-device validation uses
 (:meth:`~dooly.engines.vllm.VLLMEngine.prepare`: the same batch layout, paged KV cache and attention metadata, a
 decode's cache filled by a real prefill). Before each timed sample every rank gets a fresh copy of its inputs,
 evicts the caches (as :func:`~dooly.profile.timing.measure_prepared` does) and waits at a barrier, so the ranks
-start the forward together; rank 0's wall time is reported (a rank waiting for its peer in an all-reduce is
-latency the replica pays), with its thread-CPU time beside it.
+start the forward together; the wall time of the rank that ends the step is reported (rank 0 of the last
+stage: with pipeline stages, it ends the step after the stages before it; a rank waiting for its peer in an
+all-reduce is latency the replica pays), with its thread-CPU time beside it.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +33,7 @@ _RANK_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class RankTiming:
-    """Rank 0's timed forwards at one shape: wall seconds per sample, and the thread-CPU seconds of each."""
+    """The timed rank's forwards at one shape: wall seconds per sample, and the thread-CPU seconds of each."""
 
     wall_s: tuple[float, ...]
     thread_s: tuple[float, ...]
@@ -89,6 +91,8 @@ def _rank_worker(rank: int, world: int, init_file: str, ident: str, core: int | 
     if core is not None:
         os.sched_setaffinity(0, {core})
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's CPU send/recv wraps a read-only buffer (a torch warning on each process's first transfer; harmless)
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
     engine = model = None
     try:
         import torch
@@ -97,11 +101,11 @@ def _rank_worker(rank: int, world: int, init_file: str, ident: str, core: int | 
         while (req := conn.recv()) is not None:
             try:
                 if req[0] == "build":
-                    _, config, dtype, threads = req
+                    _, config, dtype, threads, tp = req
                     torch.set_num_threads(threads)
                     from dooly.engines.vllm_ranks import VLLMRankEngine
 
-                    engine = VLLMRankEngine(dtype, world, rank, f"file://{init_file}", ident)
+                    engine = VLLMRankEngine(dtype, tp, rank, f"file://{init_file}", ident, pp=world // tp)
                     torch.manual_seed(0)
                     model = engine.build_model(config)
                     conn.send(("ok", engine.backend()))
@@ -119,20 +123,24 @@ def _rank_worker(rank: int, world: int, init_file: str, ident: str, core: int | 
 
 
 class ReplicaRanks:
-    """The ``tp`` ranks of a tensor-parallel vLLM replica of ``config``, built once, timed shape by shape until
-    :meth:`close` (also a context manager). Refuses, in one line and before starting anything, a model vLLM
-    would not split ``tp`` ways (heads that do not divide, ...)."""
+    """The ``tp x pp`` ranks of a parallel vLLM replica of ``config`` (``tp``-way tensor parallel, ``pp`` pipeline
+    stages), built once, timed shape by shape until :meth:`close` (also a context manager). Refuses, in one line
+    and before starting anything, a model vLLM would not split so (heads that do not divide by ``tp``, ...)."""
 
-    def __init__(self, config: Mapping[str, Any], tp: int = 2, dtype: str = "bfloat16", threads: int = 1) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], tp: int = 2, dtype: str = "bfloat16", threads: int = 1, pp: int = 1
+    ) -> None:
         from dooly.engines import get_engine
 
-        if tp < 2:
-            raise DoolyError(f"a tensor-parallel replica has at least 2 ranks, not {tp}")
-        get_engine("vllm", dtype=dtype, tp=tp).vllm_config(config)  # vLLM's own refusal, before any process starts
-        self.tp = tp
-        self._group: Any = _Group(tp, target=_rank_worker, prefix="dooly-ranks-", timeout_s=_RANK_TIMEOUT_S)
+        if tp < 1 or pp < 1 or tp * pp < 2:
+            raise DoolyError(f"a parallel replica has at least 2 ranks, not {tp} x {pp}")
+        # vLLM's own refusal, before any process starts
+        get_engine("vllm", dtype=dtype, tp=tp, pp=pp).vllm_config(config)
+        self.tp, self.pp = tp, pp
+        self.timed_rank = (pp - 1) * tp  # the last stage's first rank ends the step
+        self._group: Any = _Group(tp * pp, target=_rank_worker, prefix="dooly-ranks-", timeout_s=_RANK_TIMEOUT_S)
         try:
-            answers = self._ask(("build", dict(config), dtype, int(threads)))
+            answers = self._ask(("build", dict(config), dtype, int(threads), tp))
         except BaseException:
             self.close()
             raise
@@ -149,9 +157,10 @@ class ReplicaRanks:
         return [a[1:] if len(a) > 2 else a[1] for a in answers]
 
     def time(self, phase: str, values: Mapping[str, int], repeats: int = 5, warmup: int = 1) -> RankTiming:
-        """Rank 0's forwards of ``phase`` at ``values`` (``warmup`` untimed first), every rank running them."""
+        """The forwards of ``phase`` at ``values`` (``warmup`` untimed first), every rank running them, as the rank
+        that ends the step (:attr:`timed_rank`) timed them."""
         _request_shape(phase, values)  # a bad phase is refused here, not in the workers
-        wall, cpu = self._ask(("time", phase, dict(values), int(repeats), int(warmup)))[0]
+        wall, cpu = self._ask(("time", phase, dict(values), int(repeats), int(warmup)))[self.timed_rank]
         return RankTiming(wall, cpu)
 
     def pids(self) -> list[int]:
