@@ -54,7 +54,9 @@ pip_install() {
     fi
     rm -f "$log"
 }
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# setup.py and _core.pyx: the compiled CTF core, rebuilt in place by the editable install when they change
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+    || [ src/tracesynth/io/ctf/_core.pyx -nt "$stamp" ]; then
     echo "setup: installing torch==2.13.0 (CPU) and the project into .venv"
     pip_install torch==2.13.0
     pip_install -e '.[dev]'
