@@ -7,9 +7,11 @@ The shared traces live beside the repository (../shared/traces): those tests ski
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -165,17 +167,44 @@ def test_unknown_decoder_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         read_trace(PERF_CTF)
 
 
-# --- the compiled core (tracesynth.io.ctf.fast) against the generated Python decoder ----------
+# --- the compiled cores (tracesynth.io.ctf.fast: Cython, numba) against the Python decoder ------
 SMALL = [pytest.param(PERF_CTF, id="perf-ctf")] + [
     pytest.param(CTF2 / n / v, marks=needs_shared, id=f"{n}-{v}") for n in TWINS for v in ("ctf1.8", "ctf2")
 ]
 
 
-def _decode(monkeypatch: pytest.MonkeyPatch, path: Path, wants: list[Want], core: bool, chunk: int = 1 << 16):
+def _cython_built() -> bool:
+    from tracesynth.io.ctf import fast
+
+    return fast._cython() is not None
+
+
+needs_cython = pytest.mark.skipif(
+    not _cython_built(), reason="the Cython core is not built (no C compiler or Cython at install time)"
+)
+CORES = [pytest.param("cython", marks=needs_cython), "numba"]
+
+
+@pytest.fixture(params=CORES)
+def core(request: pytest.FixtureRequest) -> str:
+    """Each compiled core in turn (numba's skipped where numba is not installed)."""
+    if request.param == "numba":
+        pytest.importorskip("numba")
+    return request.param
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, core: str, chunk: int = 1 << 16) -> None:
+    """Decode with `core` ("python": the generated Python decoder) on any trace, in chunks of `chunk`."""
     from tracesynth.io.ctf import stream
 
-    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 0 if core else 1 << 62)
+    monkeypatch.setenv("TRACESYNTH_CTF_CORE", core)
+    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 0)
+    monkeypatch.setattr(stream, "AOT_MIN_BYTES", 0)
     monkeypatch.setattr(stream, "CHUNK", chunk)
+
+
+def _decode(monkeypatch: pytest.MonkeyPatch, path: Path, wants: list[Want], core: str, chunk: int = 1 << 16):
+    _use(monkeypatch, core, chunk)
     return decode_trace(path, wants)
 
 
@@ -189,45 +218,52 @@ def _assert_same(x: dict, y: dict) -> None:
         assert xv[xok].tolist() == yv[yok].tolist()
 
 
+@needs_cython
+def test_the_cython_core_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracesynth.io.ctf import fast, stream
+
+    monkeypatch.delenv("TRACESYNTH_CTF_CORE", raising=False)
+    assert fast.kernels().name == "cython" and fast.cheap() and stream.AOT_MIN_BYTES == 0
+    monkeypatch.setenv("TRACESYNTH_CTF_CORE", "python")
+    assert fast.kernels() is None and fast.loaded() is None and not fast.cheap()
+
+
+def test_unknown_core_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACESYNTH_CTF_CORE", "rust")
+    with pytest.raises(TraceSynthError, match="unknown CTF core 'rust'"):
+        read_trace(PERF_CTF)
+
+
 @pytest.mark.parametrize("trace", SMALL)
-def test_compiled_core_equals_python_decoder(monkeypatch: pytest.MonkeyPatch, trace: Path) -> None:
+def test_compiled_core_equals_python_decoder(monkeypatch: pytest.MonkeyPatch, trace: Path, core: str) -> None:
     """Every field of every event, with chunks of 7 events (a packet split across chunks, streams
     muxed chunk by chunk) and of the default size."""
-    pytest.importorskip("numba")
     wants = _all_fields(trace)
-    ref = _decode(monkeypatch, trace, wants, core=False)
+    ref = _decode(monkeypatch, trace, wants, "python")
     for chunk in (7, 1 << 16):
-        _assert_same(_decode(monkeypatch, trace, wants, core=True, chunk=chunk), ref)
+        _assert_same(_decode(monkeypatch, trace, wants, core, chunk=chunk), ref)
 
 
 @needs_shared
-def test_compiled_core_reads_the_wget_trace_like_python(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiled_core_reads_the_wget_trace_like_python(monkeypatch: pytest.MonkeyPatch, core: str) -> None:
     """The compact/extended LTTng event header (a variant), sequences of structs, read_lttng's fields."""
-    pytest.importorskip("numba")
-    from tracesynth.io.ctf import stream
-
-    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 1 << 62)
+    _use(monkeypatch, "python")
     ref = read_trace(WGET)
-    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 0)
-    monkeypatch.setattr(stream, "CHUNK", 1000)
+    _use(monkeypatch, core, chunk=1000)
     got = read_trace(WGET)
     assert got.table.equals(ref.table)
 
 
 @pytest.mark.parametrize("cut", [60, 1000, 5000])
 def test_damage_found_by_the_core_is_reported_as_python_reports_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cut: int
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cut: int, core: str
 ) -> None:
-    pytest.importorskip("numba")
-    from tracesynth.io.ctf import stream
-
     t = _copy(PERF_CTF, tmp_path / "t")
     s = t / "perf_stream_0"
     s.write_bytes(s.read_bytes()[:cut])
     msgs = []
-    for size, chunk in ((1 << 62, 1 << 16), (0, 1 << 16), (0, 7)):  # 7: the core stops after yielding rows
-        monkeypatch.setattr(stream, "FAST_MIN_BYTES", size)
-        monkeypatch.setattr(stream, "CHUNK", chunk)
+    for which, chunk in (("python", 1 << 16), (core, 1 << 16), (core, 7)):  # 7: the core stops after yielding rows
+        _use(monkeypatch, which, chunk)
         with pytest.raises(TraceSynthError) as exc:
             list(iter_native_batches(t, []))
         msgs.append(str(exc.value))
@@ -244,36 +280,36 @@ def _outcome(t: Path) -> object:
     return sorted(rows, key=repr)
 
 
-@pytest.mark.parametrize("at", [300, 700, 1500, 3000])
-def test_garbage_inside_a_packet_reads_as_python_reads_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, at: int
-) -> None:
-    """Where the core meets what it cannot decode, the Python decoder redoes the packet: the same
-    error, or the same events."""
-    pytest.importorskip("numba")
-    from tracesynth.io.ctf import stream
-
-    t = _copy(PERF_CTF, tmp_path / "t")
+def _garbage(src: Path, dest: Path, at: int) -> Path:
+    t = _copy(src, dest)
     s = t / "perf_stream_0"
     data = bytearray(s.read_bytes())
     data[at : at + 8] = b"\xff" * 8
     s.write_bytes(bytes(data))
+    return t
+
+
+@pytest.mark.parametrize("at", [300, 700, 1500, 3000])
+def test_garbage_inside_a_packet_reads_as_python_reads_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, at: int, core: str
+) -> None:
+    """Where the core meets what it cannot decode, the Python decoder redoes the packet: the same
+    error, or the same events."""
+    t = _garbage(PERF_CTF, tmp_path / "t", at)
     got = []
-    for size, chunk in ((1 << 62, 1 << 16), (0, 1 << 16), (0, 7)):
-        monkeypatch.setattr(stream, "FAST_MIN_BYTES", size)
-        monkeypatch.setattr(stream, "CHUNK", chunk)
+    for which, chunk in (("python", 1 << 16), (core, 1 << 16), (core, 7)):
+        _use(monkeypatch, which, chunk)
         got.append(_outcome(t))
     assert got[0] == got[1] == got[2]
 
 
-def test_core_stopping_mid_packet_hands_over_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_core_stopping_mid_packet_hands_over_to_python(monkeypatch: pytest.MonkeyPatch, core: str) -> None:
     """The core gives up on a packet after some of its rows went out in a chunk: the Python
     decoder redoes the packet, those rows skipped, and reads on."""
-    pytest.importorskip("numba")
     from tracesynth.io.ctf import fast
 
     wants = _all_fields(PERF_CTF)
-    ref = _decode(monkeypatch, PERF_CTF, wants, core=False)
+    ref = _decode(monkeypatch, PERF_CTF, wants, "python")
     real, calls = fast.run_packet, []
 
     def flaky(prog, buf, base, lim, p, end, clk, n, out):  # noqa: ANN001, ANN202
@@ -283,8 +319,73 @@ def test_core_stopping_mid_packet_hands_over_to_python(monkeypatch: pytest.Monke
         return real(prog, buf, base, lim, p, end, clk, n, out)
 
     monkeypatch.setattr(fast, "run_packet", flaky)
-    _assert_same(_decode(monkeypatch, PERF_CTF, wants, core=True, chunk=50), ref)
+    _assert_same(_decode(monkeypatch, PERF_CTF, wants, core, chunk=50), ref)
     assert calls[2] == 0 and len(calls) > 3  # it stopped at a chunk start, inside a packet
+
+
+# --- the two compiled cores against each other, call by call ------------------------------------
+def _recorded(monkeypatch: pytest.MonkeyPatch, core: str, path: Path, wants: list[Want], chunk: int) -> tuple:
+    """(what each run_packet call returned, with the rows it wrote; the decode's result or its error)."""
+    from tracesynth.io.ctf import fast
+
+    real, calls = fast.run_packet, []
+
+    def record(prog, buf, base, lim, p, end, clk, n, out):  # noqa: ANN001, ANN202
+        status, p2, clk2, n2 = real(prog, buf, base, lim, p, end, clk, n, out)
+        valid = out.valid[:, n:n2].astype(bool)
+        rows = [out.ts[n:n2], out.ids[n:n2], valid, np.where(valid, out.vals[:, n:n2], 0)]
+        strs = np.where(valid, out.lens[:, n:n2], 0)[[j for j, w in enumerate(wants) if w.kind != "int"]]
+        calls.append((int(status), int(p2), int(clk2), int(n2), [r.copy() for r in (*rows, strs)]))
+        return status, p2, clk2, n2
+
+    _use(monkeypatch, core, chunk)
+    monkeypatch.setattr(fast, "run_packet", record)
+    try:
+        got: object = decode_trace(path, wants)
+    except TraceSynthError as exc:
+        got = str(exc)
+    monkeypatch.setattr(fast, "run_packet", real)
+    assert fast.loaded().name == core
+    return calls, got
+
+
+def _cores_agree(monkeypatch: pytest.MonkeyPatch, path: Path, chunk: int = 1 << 16) -> list:
+    pytest.importorskip("numba")
+    wants = _all_fields(path)
+    cy_calls, cy = _recorded(monkeypatch, "cython", path, wants, chunk)
+    nb_calls, nb = _recorded(monkeypatch, "numba", path, wants, chunk)
+    assert cy_calls and len(cy_calls) == len(nb_calls)
+    for x, y in zip(cy_calls, nb_calls, strict=True):  # every status, position, clock and row, call by call
+        assert x[:4] == y[:4]
+        assert all(np.array_equal(a, b) for a, b in zip(x[4], y[4], strict=True))
+    assert isinstance(cy, str) == isinstance(nb, str)
+    if isinstance(cy, str):
+        assert cy == nb
+    else:
+        _assert_same(cy, nb)
+    return cy_calls
+
+
+@needs_cython
+@pytest.mark.parametrize(
+    ("trace", "chunk"),
+    [pytest.param(t.values[0], c, marks=t.marks, id=f"{t.id}-{c}") for t in SMALL for c in (7, 1 << 16)]
+    + [pytest.param(WGET, 1000, marks=needs_shared, id="lttng-wget-1000")],
+)
+def test_cython_and_numba_cores_agree(monkeypatch: pytest.MonkeyPatch, trace: Path, chunk: int) -> None:
+    """Every field of every event, chunks splitting packets (7, 1000) or not."""
+    _cores_agree(monkeypatch, trace, chunk)
+
+
+@needs_cython
+@pytest.mark.parametrize("at", [64, 304, 1504, 3024])  # garbage there makes the core stop (BAD)
+def test_cython_and_numba_cores_agree_on_damage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, at: int) -> None:
+    """The same status, position and rows where the bytes go bad (so the same packet goes back to
+    Python), and the same error from it."""
+    from tracesynth.io.ctf import fast
+
+    calls = _cores_agree(monkeypatch, _garbage(PERF_CTF, tmp_path / "t", at))
+    assert calls[-1][0] == fast.BAD
 
 
 # --- CTF 2 written by `tracesynth export --ctf-version 2` ---------------------------------------
@@ -352,18 +453,34 @@ def test_cli_exports_ctf2(tmp_path: Path, capsys: pytest.CaptureFixture[str], mo
 
 
 def test_core_that_cannot_compile_falls_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A numba that cannot build the core (another version, a broken LLVM) costs speed, not the read."""
-    pytest.importorskip("numba")
-    from tracesynth.io.ctf import fast, stream
+    """Cores that cannot load (a numba of another version, a broken LLVM, a broken build) cost
+    speed, not the read."""
+    from tracesynth.io.ctf import fast
 
     def broken(k: object) -> None:
         raise RuntimeError("no LLVM today")
 
     wants = _all_fields(PERF_CTF)
-    ref = _decode(monkeypatch, PERF_CTF, wants, core=False)
+    ref = _decode(monkeypatch, PERF_CTF, wants, "python")
+    _use(monkeypatch, "auto")
     monkeypatch.setattr(fast, "_KERNELS", {})
     monkeypatch.setattr(fast, "_warm_up", broken)
-    monkeypatch.setattr(stream, "FAST_MIN_BYTES", 0)
+    if fast._cython() is None and importlib.util.find_spec("numba") is None:
+        pytest.skip("no compiled core is installed")
     with pytest.warns(UserWarning, match="compiled CTF core is unavailable"):
+        got = decode_trace(PERF_CTF, wants)
+    _assert_same(got, ref)
+    assert fast.loaded() is None
+
+
+def test_a_core_asked_for_and_missing_warns_and_reads_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracesynth.io.ctf import fast
+
+    wants = _all_fields(PERF_CTF)
+    ref = _decode(monkeypatch, PERF_CTF, wants, "python")
+    _use(monkeypatch, "cython")
+    monkeypatch.setattr(fast, "_KERNELS", {})
+    monkeypatch.setattr(fast, "_cython", lambda: None)  # as without a C compiler at install time
+    with pytest.warns(UserWarning, match=r"unavailable \(cython: not installed\)"):
         got = decode_trace(PERF_CTF, wants)
     _assert_same(got, ref)

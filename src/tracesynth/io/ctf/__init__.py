@@ -1,6 +1,6 @@
 """A native CTF reader: CTF 1.8 (TSDL) and CTF 2 (JSON) metadata, data streams decoded by a
-compiled core (tracesynth.io.ctf.fast, numba) or by Python functions generated per stream and
-event class, streams muxed into time order as babeltrace2 does, chunk by chunk
+compiled core (tracesynth.io.ctf.fast: Cython, or numba) or by Python functions generated per
+stream and event class, streams muxed into time order as babeltrace2 does, chunk by chunk
 (tracesynth.io.ctf.stream), so memory does not grow with the trace beyond its output.
 
     from tracesynth.io.ctf import iter_native_batches, native_ctf_metadata
@@ -102,8 +102,9 @@ def _open_streams(path: Path, wants: list[Want], words: list[dict[bytes, int]]) 
                 raise TraceSynthError(f"cannot read ({exc.strerror})", f) from None
             if size:
                 found.append((i, k, f, size, tc, decoders))
-    # the compiled core where the trace is big enough to repay loading it
-    big = sum(x[3] for x in found) >= stream.FAST_MIN_BYTES and fast.kernels() is not None
+    # the compiled core where the trace is big enough to repay loading it (any trace, for Cython's)
+    least = stream.AOT_MIN_BYTES if fast.cheap() else stream.FAST_MIN_BYTES
+    big = sum(x[3] for x in found) >= least and fast.kernels() is not None
     programs: dict[int, dict[int, fast.Program | None]] = {}
     for i, _, _, _, tc, decoders in found:
         if i not in programs:

@@ -1,5 +1,5 @@
 """A compiled core for the per-event loop: field classes compiled to a small instruction program
-that one numba-jitted interpreter runs over a packet's events, writing numpy columns.
+that one compiled interpreter runs over a packet's events, writing numpy columns.
 
 Per stream class, `compile_program` turns the event header, the common context and each event
 class's context and payload into instructions (align, skip, read an integer into a register,
@@ -10,14 +10,22 @@ generated Python decoder (tracesynth.io.ctf.decode). At run time any status but 
 makes the caller decode the rest of the stream file with that Python decoder, which then
 reports the damage exactly as it always has.
 
-numba is imported only for a trace big enough to repay it (`kernels`: about a second and 150 MB
-of a process's memory, whatever the trace); it compiles the interpreter once per machine (about
-10 s, cached next to this file, or in NUMBA_CACHE_DIR where that is not writable). Without numba
-every stream uses the Python path.
+The interpreter (`_run`, with `_data`, `_read_int`, `_leb`, and `intern`, `first_seen`) exists
+twice, with the same signatures and results: ahead of time in Cython (tracesynth.io.ctf._core,
+built with the package where a C compiler is; loads in about a millisecond) and in this file for
+numba (imported and its cache loaded on first use: about half a second and 150 MB of a process's
+memory; it compiles the interpreter once per machine, about 10 s, cached next to this file, or
+in NUMBA_CACHE_DIR where that is not writable). `kernels` takes the first of them that loads;
+without either every stream uses the Python path (a warning).
+
+TRACESYNTH_CTF_CORE picks one: `cython`, `numba` or `python` (no compiled core); unset or `auto`,
+the first that loads. A core that is asked for and does not load means the Python decoder (a
+warning), never the other core.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -25,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tracesynth.errors import TraceSynthError
 from tracesynth.io.ctf.compile import _label_ranges, align_of, lookup_ref, ref_names, static_size
 from tracesynth.io.ctf.model import Array, Blob, Float, Int, Optional, Ref, String, Struct, Variant
 
@@ -186,7 +195,7 @@ class _Compiler:
         if hook and fc.role == "id":
             self.op(SETID, r)
         if hook and fc.clock is not None:
-            self.op(CLOCK, r, fc.size, int(fc.size >= 64 and not fc.varlen))
+            self.op(CLOCK, r, fc.size, int(fc.size >= 64))  # a 64-bit (or LEB128) clock: the value itself
         return r
 
     def string(self, fc: String, keep: bool) -> int | None:
@@ -406,7 +415,7 @@ def _data(buf, base, lim, p, op, a, b, c, d, regs):  # noqa: ANN001, ANN202, C90
         return -1
     if op == SKIPN:
         return p + b * m
-    if q + m > lim:  # BYTES
+    if m > lim - q:  # BYTES (q + m could wrap)
         return -1
     if c >= 0:
         e = q
@@ -552,33 +561,82 @@ def first_seen(codes, k):  # noqa: ANN001, ANN201 - numba-compiled
     return out, order[:m]
 
 
+CORES = ("cython", "numba", "python")
+_ABI = 1  # tracesynth.io.ctf._core.ABI this file expects (a stale build is not used)
+# per choice ("auto" or a core): its kernels, or None; "k": the kernels of the latest read
 _KERNELS: dict[str, Any] = {}
 
 
+def choice() -> str:
+    """TRACESYNTH_CTF_CORE: "auto" (unset), "cython", "numba" or "python"."""
+    name = (os.environ.get("TRACESYNTH_CTF_CORE") or "auto").strip().lower()
+    if name not in ("auto", *CORES):
+        raise TraceSynthError(
+            f"unknown CTF core {name!r} in TRACESYNTH_CTF_CORE (choose from auto, {', '.join(CORES)})"
+        )
+    return name
+
+
+def cheap() -> bool:
+    """Whether the compiled core `kernels` would give loads at no real cost (the Cython one), so
+    that even a small trace is worth it; numba's load is not (nothing is imported here)."""
+    return choice() in ("auto", "cython") and _cython() is not None
+
+
 def kernels() -> SimpleNamespace | None:
-    """The compiled functions (numba imported and its cache loaded on the first call: about a
-    second and 150 MB), or None where numba is not installed or cannot compile them (a warning;
-    the Python decoder reads everything then)."""
-    if "k" not in _KERNELS:
-        _KERNELS["k"] = None
+    """The compiled functions (`name`: "cython" or "numba"), by TRACESYNTH_CTF_CORE's choice, or
+    None where no compiled core loads (a warning; the Python decoder reads everything then)."""
+    want = choice()
+    if want not in _KERNELS:
+        k = None
+        errors = []
+        for name in ("cython", "numba") if want == "auto" else (want,) if want != "python" else ():
+            k, err = _load(name)
+            if k is not None:
+                break
+            if err or want != "auto":  # one asked for by name is missed even where not installed
+                errors.append(err or f"{name}: not installed")
+        if k is None and errors:
+            warnings.warn(
+                f"the compiled CTF core is unavailable ({'; '.join(errors)}); decoding in Python", stacklevel=2
+            )
+        _KERNELS[want] = k
+    _KERNELS["k"] = _KERNELS[want]
+    return _KERNELS["k"]
+
+
+def _cython() -> Any:
+    try:
+        from tracesynth.io.ctf import _core
+    except ImportError:
+        return None
+    return _core if getattr(_core, "ABI", None) == _ABI else None
+
+
+def _load(name: str) -> tuple[SimpleNamespace | None, str]:
+    """(kernels, "") or (None, why not: "" where the core is simply not installed)."""
+    if name == "cython":
+        core = _cython()
+        if core is None:
+            return None, ""
+        if tuple(core.OPCODES) != tuple(range(NEXT + 1)) or tuple(core.STATUSES) != (OK, FULL, BAD):
+            return None, "cython: another instruction set"
+        k = SimpleNamespace(name="cython", run=core.run, intern=core.intern, first_seen=core.first_seen)
+    else:
         try:
             from numba import njit
         except ImportError:  # numba is a dependency of the tracesynth extra; without it, Python
-            return None
+            return None, ""
         jit = njit(cache=True, nogil=True)
         g = globals()
-        for name in ("_read_int", "_leb", "_data"):  # _run calls them: they are compiled first
-            g[name] = jit(getattr(g[name], "py_func", g[name]))
-        k = SimpleNamespace(run=jit(_run), intern=jit(intern), first_seen=jit(first_seen))
-        try:  # compiled (or loaded from the cache) here, once, rather than in the middle of a trace
-            _warm_up(k)
-        except Exception as exc:  # noqa: BLE001 - any numba failure: fall back, never crash a read
-            warnings.warn(
-                f"the compiled CTF core is unavailable ({type(exc).__name__}); decoding in Python", stacklevel=2
-            )
-            return None
-        _KERNELS["k"] = k
-    return _KERNELS["k"]
+        for fn in ("_read_int", "_leb", "_data"):  # _run calls them: they are compiled first
+            g[fn] = jit(getattr(g[fn], "py_func", g[fn]))
+        k = SimpleNamespace(name="numba", run=jit(_run), intern=jit(intern), first_seen=jit(first_seen))
+    try:  # compiled (or loaded from numba's cache) here, once, rather than in the middle of a trace
+        _warm_up(k)
+    except Exception as exc:  # noqa: BLE001 - any failure: fall back, never crash a read
+        return None, f"{name}: {type(exc).__name__}"
+    return k, ""
 
 
 def _warm_up(k: SimpleNamespace) -> None:
@@ -597,7 +655,7 @@ def _warm_up(k: SimpleNamespace) -> None:
 
 
 def loaded() -> SimpleNamespace | None:
-    """The compiled functions if some trace already needed them (numba is not imported here)."""
+    """The compiled functions the latest read chose, if it needed them (nothing is imported here)."""
     return _KERNELS.get("k")
 
 

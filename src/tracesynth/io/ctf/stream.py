@@ -30,6 +30,8 @@ from tracesynth.io.ctf.decode import StreamData, StreamDecoder, Want, _packet_he
 CHUNK = 1 << 16  # events per chunk and stream
 # below this much stream data, the Python decoder finishes before numba would be loaded
 FAST_MIN_BYTES = 8 << 20
+# the same for the ahead-of-time (Cython) core, which loads in about a millisecond: every trace
+AOT_MIN_BYTES = 0
 _PAGE = mmap.PAGESIZE
 
 
