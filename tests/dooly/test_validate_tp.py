@@ -116,7 +116,7 @@ def test_kept_measurements_are_rescored_without_starting_the_ranks(measured, mon
                                      store=store)  # fmt: skip
         kept = {m for m, *_ in store.forwards(_ctx(store))}
     assert [r.rounds_s for r in again] == [r.rounds_s for r in rows]
-    assert kept == {"tiny-llama#tp2-holdout", "tiny-llama#tp2-holdout2"}  # apart from the one-device holdouts
+    assert kept == {"tiny-llama#holdout-tp2", "tiny-llama#holdout2-tp2"}  # apart from the one-device holdouts
 
 
 def _ctx(store: ProfileStore):  # type: ignore[no-untyped-def]

@@ -37,8 +37,8 @@ def validate_parallel(
     that ends the step, the ranks lined up before every forward), in ``rounds`` interleaved rounds, each round's
     median kept in ``rounds_s`` (their spread is the noise floor). ``predictor``: the rank's, or with ``pp`` stages
     one per stage, in order (their forwards summed). ``threads``: torch threads per rank (default 1). With a
-    ``store`` the measurements are kept (as models ``"<name>#tpN-holdout"``, ``"<name>#tpN-holdout2"``, ...;
-    ``#tpNppM-`` with stages; never fitted on) and reused by the next call."""
+    ``store`` the measurements are kept (as models ``"<name>#holdout-tpN"``, ``"<name>#holdout2-tpN"``, ...;
+    ``-tpNppM`` with stages; never fitted on) and reused by the next call."""
     from dooly.core.zoo import max_positions
     from dooly.db.store import Measurement, canonical_point
     from dooly.profile import context_for, shapes_within
@@ -54,7 +54,8 @@ def validate_parallel(
     threads = threads or 1
     shapes = shapes_within(shapes or VALIDATION_SHAPES, max_positions(config))
     layout = f"tp{tp}" + (f"pp{pp}" if pp > 1 else "")
-    keys = [f"{stages[0].name}#{layout}-holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
+    # "#holdout" in the name: the overhead fit and the savings never read them (as validate_model's)
+    keys = [f"{stages[0].name}#holdout" + (str(r + 1) if r else "") + f"-{layout}" for r in range(max(1, rounds))]
     ctx = context_for(engine, threads) if store is not None else None
     have: dict[tuple[str, str, str], float] = {}
     if store is not None:
