@@ -78,7 +78,7 @@ def main() -> None:
                   f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
     engine = get_engine("vllm", dtype=dtype, tp=args.tp)
     print(f"{'model':16s} {'ops':14s} {'MAPE pre/dec/all %':>20s} {'noise pre/dec/all %':>21s} {'ratio':>6s} "
-          f"{'<=2x':>5s} {'wall s':>7s}")  # fmt: skip
+          f"{'<=2x':>5s} {'wall s':>7s} {'load':>5s}")  # fmt: skip
     for model in [*args.models, *args.unprofiled]:
         t0 = time.perf_counter()
         unprofiled = model in args.unprofiled
@@ -94,14 +94,16 @@ def main() -> None:
         ratio = mape[2] / noise[2] if noise[2] > 0 else float("inf")
         cells = f"{'/'.join(f'{x:.1f}' for x in mape):>20s} {'/'.join(f'{x:.1f}' for x in noise):>21s}"
         print(f"{name:16s} {'shape model' if unprofiled else 'profiled':14s} {cells} {ratio:6.1f} "
-              f"{'yes' if ratio <= 2 else 'no':>5s} {time.perf_counter() - t0:7.0f}", flush=True)  # fmt: skip
+              f"{'yes' if ratio <= 2 else 'no':>5s} {time.perf_counter() - t0:7.0f} {os.getloadavg()[0]:5.2f}",
+              flush=True)  # fmt: skip
         for r in rows:
             meas = " / ".join(f"{x * 1e3:.1f}" for x in r.rounds_s)
             print(f"    {r.phase:7s} {' '.join(f'{k}={v}' for k, v in r.values.items()):24s} measured {meas:>16s} ms"
                   f"  predicted {r.predicted_s * 1e3:8.1f} ms  error {100 * r.error:5.1f}%")  # fmt: skip
     print(
         "MAPE: rank 0's predicted forward vs the replica's measured one (median of the rounds' medians); noise: "
-        "the rounds' spread at the same shapes, (max-min)/mean averaged; ratio: MAPE all / noise all"
+        "the rounds' spread at the same shapes, (max-min)/mean averaged; ratio: MAPE all / noise all; load: the "
+        "1-minute load average as the model's validation ended (the ranks themselves add 2)"
     )
 
 
