@@ -52,6 +52,7 @@ def load_latency_model(
     tp: int = 1,
     pp: int = 1,
     pp_stage: int = 0,
+    method: str = "auto",
 ) -> Predictor:
     """The profile DB's iteration-latency predictor for `model` (profiled with the same engine settings);
     `shape`: signatures without a complete profile come from the shape model (after `dooly profile --budget`);
@@ -63,7 +64,7 @@ def load_latency_model(
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `dooly profile {model} --db {db}` first)")
     engine_obj = get_engine(engine, device=device, dtype=dtype, tp=tp, pp=pp, pp_stage=pp_stage)
-    return Predictor.for_model(model, db, engine_obj, threads=threads, shape=shape)
+    return Predictor.for_model(model, db, engine_obj, threads=threads, shape=shape, method=method)
 
 
 def serving_latency_model(
@@ -107,14 +108,40 @@ def stage_latency_models(
     tp: int,
     pp: int,
     log: Callable[[str], object] | None = None,
+    method: str = "auto",
 ) -> tuple[list[Predictor], str]:
     """One predictor per pipeline stage of a ``tp`` x ``pp`` replica (a rank of each stage; one stage when ``pp``
-    is 1, with :func:`serving_latency_model`'s fallback), and the engine that profiled the ops."""
-    if pp == 1:
+    is 1 and ``method`` auto, with :func:`serving_latency_model`'s fallback), and the engine that profiled the
+    ops. ``method``: the estimator (auto: chosen on the DB's points by the first stage, then kept)."""
+    if pp == 1 and method == "auto":
         pred, used = serving_latency_model(model, db, dtype, threads, engine, shape, log=log, tp=tp)
         return [pred], used
-    preds = [load_latency_model(model, db, dtype, threads, engine, shape, tp=tp, pp=pp, pp_stage=s) for s in range(pp)]
+    preds: list[Predictor] = []
+    for s in range(pp):
+        twin = _twin_stage(model, pp, s)
+        if twin is not None:  # a middle stage like an earlier one: the same ops (its layers numbered apart)
+            preds.append(preds[twin])
+            continue
+        preds.append(
+            load_latency_model(model, db, dtype, threads, engine, shape, tp=tp, pp=pp, pp_stage=s, method=method)
+        )
+        method = preds[0].method  # the choice reads the DB's points, the same for every stage: made once
     return preds, engine
+
+
+def _twin_stage(model: str | ModelSpec, pp: int, stage: int) -> int | None:
+    """The earlier pipeline stage whose rank runs the same ops as ``stage``'s, if any: a middle stage (it receives
+    and sends, holds neither embedding nor logits) with as many layers as stage 1 (vLLM's split)."""
+    from dooly.core.zoo import num_layers, resolve_model
+    from dooly.simulator.layouts import pp_partition
+
+    if not 1 < stage < pp - 1:
+        return None
+    layers = num_layers(resolve_model(model)[1])
+    if layers is None:
+        return None
+    parts = pp_partition(layers, pp)
+    return 1 if parts[stage] == parts[1] else None
 
 
 def replica_latency(stages: Sequence[Predictor]) -> Any:
@@ -126,7 +153,8 @@ def replica_latency(stages: Sequence[Predictor]) -> Any:
 
 def warm_traces(model: str | ModelSpec, db: Path, engine: str, dtype: str, tp: int, pp: int) -> None:
     """Trace every stage rank of a ``tp`` x ``pp`` replica into the DB's trace cache (when the DB is writable), so
-    the predictors, which read the DB as a snapshot, do not trace it again on the next run."""
+    the predictors, which read the DB as a snapshot, do not trace it again on the next run. A deep model whose
+    layers are alike is traced folded (:func:`~dooly.profile.traces.fold_traced`: the same records, far sooner)."""
     import os
 
     from dooly.core.zoo import resolve_model
@@ -139,7 +167,8 @@ def warm_traces(model: str | ModelSpec, db: Path, engine: str, dtype: str, tp: i
     name, cfg = resolve_model(model)
     with ProfileStore(db) as store:
         for s in range(pp):
-            model_traces(name, cfg, get_engine(engine, dtype=dtype, tp=tp, pp=pp, pp_stage=s), store)
+            if _twin_stage(model, pp, s) is None:  # a deep model's alike layers traced folded (three per stage)
+                model_traces(name, cfg, get_engine(engine, dtype=dtype, tp=tp, pp=pp, pp_stage=s), store, fold=True)
 
 
 def sched_config(max_seqs: int, max_tokens: int, chunked: bool, block_size: int, kv_blocks: int) -> SchedulerConfig:
@@ -759,6 +788,7 @@ def sweep_layouts(
     dtype: str = "bfloat16",
     engine: str = "vllm",
     max_pp: int | None = None,
+    method: str = "interp",
     save: bool = True,
     hooks: ServeHooks | None = None,
 ) -> LayoutSweep:
@@ -770,7 +800,9 @@ def sweep_layouts(
 
     Each stage's rank is priced from the DB with the shape model for what was never profiled (a layout is rarely
     profiled whole), and its collectives from the ring model over the group sizes measured
-    (:mod:`dooly.predict.collectives`, extrapolations listed in ``notes``). The stages' traces are cached in the DB."""
+    (:mod:`dooly.predict.collectives`, extrapolations listed in ``notes``). The stages' traces are cached in the DB.
+    ``method``: the estimator between grid points (interp by default: a layout priced from shape has grid points
+    only; auto chooses on the DB's points, which costs seconds of forest fits)."""
     from dooly.report import save_result
     from dooly.simulator import make_router, parse_workload, vllm_v1_config
     from dooly.simulator.layouts import enumerate_layouts
@@ -790,10 +822,11 @@ def sweep_layouts(
     layouts = enumerate_layouts(devices, max_pp)
     points: list[LayoutPoint] = []
     notes: dict[str, None] = {}
+    chosen = [method]  # auto: chosen on the DB's points by the first layout priced, then kept
     with hooks.bars() as task:
         advance = task(f"simulating {len(layouts)} layouts of {devices} devices", len(layouts))
         for lay in layouts:
-            point = _layout_point(spec, db, lay, w, base, limits, dtype, router, router_seed)
+            point = _layout_point(spec, db, lay, w, base, limits, dtype, router, router_seed, chosen)
             if point.summary is not None:
                 point.meets_slo = slo.met(point.summary)
             notes.update(dict.fromkeys(point.notes))
@@ -816,6 +849,7 @@ def _layout_point(
     dtype: str,
     router: str,
     router_seed: int,
+    method: list[str],
 ) -> LayoutPoint:
     """One layout of :func:`sweep_layouts`: refused, not fitting, or simulated (``limits``: memory GiB per device,
     utilisation, KV dtype, activation reserve, explicit KV blocks)."""
@@ -844,7 +878,12 @@ def _layout_point(
         return point
     point.kv_blocks = kv.config.num_kv_blocks
     warm_traces(spec, db, "vllm", dtype, lay.tp, lay.pp)
-    stages, _ = stage_latency_models(spec, db, dtype, None, "vllm", True, lay.tp, lay.pp)
+    try:
+        stages, _ = stage_latency_models(spec, db, dtype, None, "vllm", True, lay.tp, lay.pp, method=method[0])
+        method[0] = stages[0].method
+    except DoolyError as exc:  # a signature neither profiled nor covered by a shape model: said, not hidden
+        point.reason = f"cannot price it: {exc}"
+        return point
     point.notes = list(dict.fromkeys(n for pred in stages for n in pred.collective_notes))
     point.collectives_prefill, point.collectives_decode = _replica_collectives(stages, kv.config)
     try:

@@ -144,8 +144,8 @@ def test_the_pick_is_the_highest_throughput_per_device_that_meets_the_slo() -> N
 class FakeRank:
     """A stage rank's predictor as the sweep reads it: iteration latency, operator time, collectives' share."""
 
-    def __init__(self, tp: int, pp: int) -> None:
-        self.lat = Linear(0.02 / (tp * pp), 1e-4 / (tp * pp))
+    def __init__(self, tp: int, pp: int, method: str) -> None:
+        self.lat, self.method = Linear(0.02 / (tp * pp), 1e-4 / (tp * pp)), method
         self.coll = 0.0 if tp == 1 else 0.1 * (tp - 1)
         self.collective_notes = [f"all_reduce among {tp}: extrapolated"] if tp > 2 else []
 
@@ -164,8 +164,8 @@ def fake_ranks(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
     """`dooly simulate --sweep-layouts` on a tiny config, each rank an analytic stand-in (no profile, no trace)."""
     monkeypatch.setattr(api, "warm_traces", lambda *a, **k: None)
     monkeypatch.setattr(
-        api, "stage_latency_models", lambda model, db, dtype, threads, engine, shape, tp, pp: (
-            [FakeRank(tp, pp) for _ in range(pp)], engine)
+        api, "stage_latency_models", lambda model, db, dtype, threads, engine, shape, tp, pp, method: (
+            [FakeRank(tp, pp, method) for _ in range(pp)], engine)
     )  # fmt: skip
     cfg = tmp_path / "llama.json"
     cfg.write_text(json.dumps({**LLAMA, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 256}))
@@ -246,3 +246,41 @@ def test_a_collective_past_the_group_sizes_measured_is_extrapolated_and_labelled
     values, seconds = fill.synth[reduce4.key][0]
     rows = values["requests"]
     assert seconds == pytest.approx(6 * 4e-6 + 1.5 * 1e-9 * rows * 128 * 2, rel=1e-3)  # 6 steps, 1.5 x the bytes
+
+
+def test_a_deep_model_folded_to_three_layers_per_stage_is_its_full_trace() -> None:
+    """`--sweep-layouts` traces a deep model's stage at three layers and repeats the last (its layers alike): the
+    same records, modules, layer numbers and order as tracing all of them, on an uneven pipeline split too."""
+    pytest.importorskip("vllm", reason="vllm is not installed (the vLLM engine is optional)")
+    from dooly.engines import get_engine
+    from dooly.profile.traces import fold_traced
+    from dooly.trace.tracer import trace_model
+
+    deep = {**LLAMA, "num_hidden_layers": 16}  # three stages of 5, 6 and 5 layers, as vLLM splits them
+    engine = get_engine("vllm", tp=2, pp=3, pp_stage=1)
+    full, folded = trace_model(deep, "decode", engine=engine, name="d"), fold_traced(deep, "decode", "d", engine)
+    assert folded is not None and folded.meta["folded"] == {"traced_layers": 3, "layers": 6}
+    assert {r.layer for r in folded.records if r.layer is not None} == set(range(5, 11))
+
+    def rows(tr):  # type: ignore[no-untyped-def]
+        return [(r.signature, r.module, r.layer, r.view, r.order) for r in tr.records]
+
+    assert rows(folded) == rows(full) and folded.config_hash == full.config_hash
+
+
+def test_layers_that_differ_are_never_folded() -> None:
+    from dooly.profile.traces import fold_traced
+
+    engine = SimpleNamespace(pp=1, stage=0)
+    mixed = {**LLAMA, "num_hidden_layers": 8, "layer_types": ["sliding_attention", "full_attention"] * 4}
+    assert fold_traced(mixed, "decode", "m", engine) is None  # type: ignore[arg-type]
+    assert fold_traced({**LLAMA, "num_hidden_layers": 8, "first_k_dense_replace": 1}, "decode", "m", engine) is None  # type: ignore[arg-type]
+    assert fold_traced(LLAMA, "decode", "m", engine) is None  # type: ignore[arg-type]  # 4 layers: nothing to gain
+
+
+def test_middle_stages_alike_share_one_predictor_and_cache() -> None:
+    assert [api._twin_stage("llama-3.1-70b", 8, s) for s in range(8)] == [None, None, 1, 1, 1, 1, 1, None]
+    assert [api._twin_stage("llama-3.1-70b", 3, s) for s in range(3)] == [None, None, None]
+    rank = Linear(share=0.25)
+    pipe = PipelineLatency([Linear(share=0.25), rank, rank, Linear(share=0.25)])
+    assert pipe.stages[1] is pipe.stages[2] and pipe.stages[0] is not pipe.stages[3]

@@ -35,10 +35,9 @@ def shape_fill(traces, measured, store, ctx, config, exclude=(), skip=()):  # ty
     seconds)]})``. The shape model is fitted on ``measured`` less ``exclude``; a signature whose kind it does not
     cover is left out (still missing)."""
     from dooly.core.zoo import max_positions
-    from dooly.db.shape_model import ShapeModel, signatures_of
     from dooly.profile.plan import GridSpec
 
-    model = ShapeModel.fit(signatures_of(store, ctx, measured), measured, exclude)
+    model = _fitted(store, ctx, measured, exclude)
     grid = GridSpec().within(max_positions(config))
     fills: dict[str, list[ShapeFill]] = {}
     synth: dict[str, list[tuple[dict[str, int], float]]] = {}
@@ -58,3 +57,23 @@ def shape_fill(traces, measured, store, ctx, config, exclude=(), skip=()):  # ty
                     ShapeFill(sig.key, sig, mult, SignatureModel(syms, synth[sig.key]), unc[sig.key])
                 )
     return fills, synth
+
+
+_FITS: dict[tuple, object] = {}  # the last shape model fitted, by DB file, context and the points it was fitted on
+
+
+def _fitted(store, ctx, measured, exclude):  # type: ignore[no-untyped-def]
+    """The shape model fitted on ``measured`` less ``exclude``, once per DB file, context and point set (the
+    predictors of a layout sweep's many ranks all fit the same one)."""
+    from dooly.db.shape_model import ShapeModel, signatures_of
+
+    path = getattr(store, "path", None)
+    points = tuple(sorted((k, len(v), sum(float(t) for _, t in v)) for k, v in measured.items()))
+    key = (str(path), ctx, points, frozenset(exclude)) if path is not None else None
+    if key is not None and key in _FITS:
+        return _FITS[key]
+    model = ShapeModel.fit(signatures_of(store, ctx, measured), measured, exclude)
+    if key is not None:
+        _FITS.clear()  # one at a time: another DB or point set replaces the last
+        _FITS[key] = model
+    return model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,12 @@ def trace_cache_key(name: str, config: Mapping[str, Any]) -> str:
 
 
 def model_traces(
-    name: str, config: Mapping[str, Any], engine: Engine, store: ProfileStore | None = None
+    name: str, config: Mapping[str, Any], engine: Engine, store: ProfileStore | None = None, fold: bool = False
 ) -> dict[str, ModelTrace]:
     """Both phases' traces of a model, from the store's trace cache when this exact config was traced (the
-    time a trace took is recorded under :data:`TRACE_SECONDS`)."""
+    time a trace took is recorded under :data:`TRACE_SECONDS`). ``fold``: a deep model whose decoder layers are
+    all alike is traced at :data:`FOLD_DEPTH` layers per pipeline stage and unfolded to its depth
+    (:func:`fold_traced`), the same records as a full trace at a fraction of the time."""
     import json
     import time
 
@@ -65,7 +68,8 @@ def model_traces(
             out[phase] = ModelTrace.from_json(cached, f"trace cache for {key}")
             continue
         t0 = time.perf_counter()
-        tr = trace_model(config, phase, name=name, engine=engine)
+        tr = fold_traced(config, phase, name, engine) if fold else None
+        tr = tr or trace_model(config, phase, name=name, engine=engine)
         spent += time.perf_counter() - t0
         if store is not None:
             store.put_trace(eng_key, key, phase, tr.to_json())
@@ -74,3 +78,116 @@ def model_traces(
         doc = json.dumps({"seconds": round(spent, 3)})
         store.put_trace(TRACE_SECONDS, name, f"{engine.name}:{getattr(engine, 'dtype', 'float32')}", doc)
     return out
+
+
+# -- folded traces of deep models ------------------------------------------------------------------------------
+
+#: decoder layers per pipeline stage a folded trace runs: the stage's first layer (which may differ: vLLM's first
+#: layer norms its input without a residual to add) and two more, which must run the same signatures
+FOLD_DEPTH = 3
+#: config fields that make decoder layers differ from one another (a layer pattern, dense layers among MoE ones, a
+#: window on some layers): a model with any of them is traced at full depth
+_LAYER_VARYING = re.compile(r"layer_types|pattern|interval|freq|step|first_k|dense|window_layers|mlp_only|no_rope")
+
+
+def _foldable(config: Mapping[str, Any], layers: int) -> bool:
+    """Whether the config says its decoder layers are all alike: no per-layer list, no field that varies them."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    for k, v in text.items():  # type: ignore[union-attr]
+        if isinstance(v, list) and len(v) == layers and len({json_key(x) for x in v}) > 1:
+            return False
+        if _LAYER_VARYING.search(k) and v not in (None, False, 0, [], {}):
+            return False
+    return True
+
+
+def json_key(x: Any) -> str:
+    import json
+
+    return json.dumps(x, sort_keys=True, default=str)
+
+
+def fold_traced(config: Mapping[str, Any], phase: str, name: str, engine: Engine) -> ModelTrace | None:
+    """One phase of a deep model traced at :data:`FOLD_DEPTH` decoder layers per pipeline stage and unfolded to
+    the stage's real layer count, or None where folding does not apply (a shallow model, layers the config or the
+    traced pass shows to differ).
+
+    The traced pass is cut at the first op of each layer: a head (before the first layer), one segment per layer
+    (its ops, with whatever ran between it and the next layer) and a tail (after the last layer's last op). When
+    every traced layer's segment but the stage's first runs the same signatures, the last one is repeated until
+    the stage holds as many layers as vLLM gives it (``get_pp_indices``), its layer numbers moved to the real ones.
+    Each branch of the phase is unfolded alike; the result records what was traced in ``meta["folded"]``."""
+    from dooly.core.zoo import at_depth, num_layers
+    from dooly.trace.tracer import config_hash, trace_model
+
+    total = num_layers(config)
+    pp, stage = int(getattr(engine, "pp", 1)), int(getattr(engine, "stage", 0))
+    if total is None or total < pp * (FOLD_DEPTH + 2) or not _foldable(config, total):
+        return None
+    shallow = at_depth(config, FOLD_DEPTH * pp)
+    if shallow is None:
+        return None
+    parts = [total // pp] * pp  # as vLLM splits the layers (dooly.simulator.layouts.pp_partition)
+    for i in range(2, total % pp + 2):
+        parts[-i] += 1
+    first = sum(parts[:stage])
+    tr = trace_model(shallow, phase, name=name, engine=engine)
+    branches = [_unfold(b, FOLD_DEPTH * stage, first, parts[stage]) for b in tr.branches()]
+    if any(b is None for b in branches):
+        return None
+    main, *sides = branches
+    main.sides = sides  # type: ignore[union-attr]
+    for b in branches:
+        b.config_hash = config_hash(config)  # type: ignore[union-attr]
+        b.meta["folded"] = {"traced_layers": FOLD_DEPTH, "layers": parts[stage]}  # type: ignore[union-attr]
+    return main
+
+
+def _unfold(tr: ModelTrace, traced_first: int, real_first: int, layers: int) -> ModelTrace | None:
+    """``tr`` (a stage traced with ``FOLD_DEPTH`` layers from ``traced_first``) with ``layers`` layers from
+    ``real_first``; None when its layers do not run the same signatures."""
+    from dataclasses import replace
+
+    from dooly.trace.signature import OpRecord
+
+    recs = tr.records
+    starts: list[int] = []
+    seen: set[int] = set()
+    for i, r in enumerate(recs):
+        if r.layer is not None and r.layer not in seen and r.layer >= traced_first:
+            seen.add(r.layer)
+            starts.append(i)
+    if len(starts) != FOLD_DEPTH:
+        return None
+    end = max(i for i, r in enumerate(recs) if r.layer is not None) + 1
+    bounds = [*starts, end]
+    segments = [recs[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    if len({tuple(r.signature.key for r in seg) for seg in segments[1:]}) != 1:
+        return None  # the layers after the stage's first differ: trace the model whole
+    last = segments[-1]
+    out: list[OpRecord] = list(recs[: starts[0]])
+
+    def moved(r: OpRecord, shift: int) -> OpRecord:
+        if r.layer is None or r.layer < traced_first:
+            return r
+        new = r.layer + shift
+        return replace(
+            r, layer=new, module=_LAYER_NUMBER.sub(lambda m: m.group(0).replace(str(r.layer), str(new)), r.module, 1)
+        )
+
+    shift = real_first - traced_first
+    for seg in segments:
+        out += [moved(r, shift) for r in seg]
+    for k in range(FOLD_DEPTH, layers):
+        out += [
+            moved(r, shift + k - (FOLD_DEPTH - 1)) if r.layer == traced_first + FOLD_DEPTH - 1 else moved(r, shift)
+            for r in last
+        ]
+    out += recs[end:]
+    records = [replace(r, order=i) for i, r in enumerate(out)]
+    return ModelTrace(
+        tr.model, tr.config_hash, tr.phase, tr.engine, records, dict(tr.hints), list(tr.guards), dict(tr.meta)
+    )
+
+
+_LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")

@@ -79,7 +79,11 @@ class PipelineLatency:
     def __init__(self, stages: Sequence[LatencyModel]) -> None:
         if not stages:
             raise DoolyError("a pipeline needs at least one stage")
-        self.stages = [s if isinstance(s, CachedLatency) else CachedLatency(s) for s in stages]
+        cached: dict[int, CachedLatency] = {}  # one cache per model: stages that share a model share its cache
+        for s in stages:
+            if id(s) not in cached:
+                cached[id(s)] = s if isinstance(s, CachedLatency) else CachedLatency(s)
+        self.stages = [cached[id(s)] for s in stages]
 
     @property
     def num_stages(self) -> int:
