@@ -43,6 +43,12 @@ __all__ = [
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 
+# the latest parses, by the metadata's bytes: a read asks twice (its fields, then its streams), and
+# an LTTng kernel trace's metadata (~350 KB of TSDL) takes ~0.1 s to parse. Nothing changes a
+# TraceClass once parsed, so the same one is handed out.
+_PARSED: dict[bytes, TraceClass] = {}
+
+
 def load_metadata(trace_dir: Path) -> TraceClass:
     """The TraceClass of one CTF trace directory (TraceSynthError naming `metadata` if it is bad)."""
     meta = trace_dir / "metadata"
@@ -50,11 +56,18 @@ def load_metadata(trace_dir: Path) -> TraceClass:
         data = meta.read_bytes()
     except OSError as exc:
         raise TraceSynthError(f"cannot read ({exc.strerror})", meta) from None
+    tc = _PARSED.get(data)
+    if tc is not None:
+        return tc
     try:
         text = depacketize(data)
-        return parse_ctf2(text) if is_ctf2(text) else parse_tsdl(data)
+        tc = parse_ctf2(text) if is_ctf2(text) else parse_tsdl(data)
     except (TsdlError, RecursionError) as exc:
         raise TraceSynthError(f"bad CTF metadata: {exc}", meta) from None
+    if len(_PARSED) >= 4:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[data] = tc
+    return tc
 
 
 def _stream_files(trace_dir: Path) -> list[Path]:
