@@ -23,9 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from atomicio import atomic_path
 from tracesynth.errors import TraceSynthError
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -217,6 +215,10 @@ class Trace:
     # -- storage ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write compressed Parquet atomically (no half-written file on failure)."""
+        import pyarrow.parquet as pq  # here, not at import: a process that only reads a trace never loads it
+
+        from atomicio import atomic_path
+
         path = Path(path)
         table = self.table.replace_schema_metadata({METADATA_KEY: json.dumps(self.metadata, sort_keys=True)})
         with atomic_path(path) as tmp:
@@ -226,6 +228,8 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> Trace:
         """Read and validate a Parquet trace; any problem is one TraceSynthError naming the file."""
+        import pyarrow.parquet as pq
+
         path = Path(path)
         if not path.is_file():
             raise TraceSynthError("no such file" if not path.exists() else "not a file", path)
