@@ -10,14 +10,19 @@ threads are derived from sched_switch. Then, each in a fresh subprocess, at two 
 - `stream`: tracesynth.io.babeltrace.iter_ctf_batches with read_lttng's fields through the
   babeltrace2 text path, batches dropped; `native`: the same through tracesynth.io.ctf;
 - `read_lttng`: the whole reader, building the Trace table, with the native decoder (the default);
-  `read_lttng-bt2`: the same over the babeltrace2 text path.
+  `read_lttng-bt2`: the same over the babeltrace2 text path; `read_lttng-numba`: the native
+  decoder with the numba core (TRACESYNTH_CTF_CORE=numba) instead of the default ahead-of-time
+  (Cython) one, which is what the native modes use where it is built (the line `native core`).
 
-Each is run --repeats times; the medians are printed. The native modes load numba (about a
-second and 150 MB per process); on a fresh checkout the first run also compiles the core (about
-10 s, then cached under src/tracesynth/io/ctf/__pycache__), which the median of 3 leaves out.
+Each is run --repeats times; the medians are printed. The numba core costs its import and cache
+load (about half a second and 150 MB per process, inside the timed read); on a fresh checkout its
+first run also compiles it (about 10 s, then cached under src/tracesynth/io/ctf/__pycache__),
+which the median of 3 leaves out.
 
-For each: wall-clock events/s, its ratio to babeltrace2's wall rate (`vs bt2`) and to the dummy
-sink's (`vs dummy`) measured in the same run, CPU
+For each: wall-clock events/s (the read alone, after the Python imports), its ratio to
+babeltrace2's wall rate (`vs bt2`) and to the dummy sink's (`vs dummy`) measured in the same run,
+the whole process's wall time (`proc s`: interpreter start and imports included, as babeltrace2's
+wall time includes its own start), CPU
 seconds (ours and babeltrace2's child process), and peak RSS (VmHWM) of the Python process. The machine's
 2 cores are shared, so wall rates move with the load; `cpu-bound` is events / max(our CPU,
 babeltrace2's CPU): the rate when the pipeline's two processes each have a core.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -79,7 +85,7 @@ import json, resource, sys, time
 from tracesynth.io.babeltrace import iter_ctf_batches, Field, ctf_decoder
 from tracesynth.io.lttng import read_lttng
 mode, path = sys.argv[1], sys.argv[2]
-ctf_decoder.set("native" if mode in ("native", "read_lttng") else "babeltrace2")
+ctf_decoder.set("native" if mode in ("native", "read_lttng", "read_lttng-numba") else "babeltrace2")
 t0 = time.perf_counter(); c0 = time.process_time()
 if mode.startswith("read_lttng"):
     n = len(read_lttng(path))
@@ -95,12 +101,15 @@ cpu = time.process_time() - c0
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 # VmHWM, not ru_maxrss: Linux carries the forking parent's peak RSS into ru_maxrss across exec
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+from tracesynth.io.ctf import fast
+core = fast.loaded().name if fast.loaded() is not None else "python"
 print(json.dumps({"events": n, "wall": wall, "cpu": cpu, "child_cpu": kids.ru_utime + kids.ru_stime,
-                  "rss_mb": hwm / 1024}))
+                  "rss_mb": hwm / 1024, "core": core}))
 """
 
 
-MODES = ("babeltrace2", "bt2-dummy", "stream", "native", "read_lttng-bt2", "read_lttng")  # the reference first
+# the reference first
+MODES = ("babeltrace2", "bt2-dummy", "stream", "native", "read_lttng-bt2", "read_lttng-numba", "read_lttng")
 _BT2 = {
     "babeltrace2": 'TIMEFORMAT="%U %S"; { time babeltrace2 "$1" > /dev/null; } 2>&1 | tail -1',
     "bt2-dummy": 'TIMEFORMAT="%U %S"; { time babeltrace2 "$1" -c sink.utils.dummy; } 2>&1 | tail -1',
@@ -119,11 +128,14 @@ def measure_once(mode: str, path: Path) -> dict:
         proc = subprocess.run(["bash", "-c", _BT2[mode], "_", str(path)], capture_output=True, text=True, check=True)
         wall = time.perf_counter() - t0
         user, sys_ = (float(x) for x in proc.stdout.split()[-2:])
-        return {"wall": wall, "cpu": 0.0, "child_cpu": user + sys_, "rss_mb": float("nan")}
+        return {"wall": wall, "cpu": 0.0, "child_cpu": user + sys_, "rss_mb": float("nan"), "proc": wall}
+    env = {**os.environ, "TRACESYNTH_CTF_CORE": "numba" if mode == "read_lttng-numba" else "auto"}
+    t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True, text=True, check=True, cwd=REPO
+        [sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True, text=True, check=True, cwd=REPO, env=env
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    proc = time.perf_counter() - t0
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "proc": proc}
 
 
 def main() -> None:
@@ -139,8 +151,8 @@ def main() -> None:
     src = "tiled ../shared/traces/lttng-wget-kernel" if WGET.exists() else "synthetic"
     print(f"source: {src}; context fields: {'tid, procname' if args.context else 'none (derived)'}; work dir {work}")
     print(
-        f"{'events':>10} {'size MB':>8} {'mode':>14} {'wall s':>7} {'events/s':>10} {'vs bt2':>7} {'vs dummy':>8} "
-        f"{'our CPU s':>9} {'bt2 CPU s':>9} {'cpu-bound ev/s':>14} {'peak RSS MB':>11}"
+        f"{'events':>10} {'size MB':>8} {'mode':>16} {'wall s':>7} {'events/s':>10} {'vs bt2':>7} {'vs dummy':>8} "
+        f"{'our CPU s':>9} {'bt2 CPU s':>9} {'cpu-bound ev/s':>14} {'peak RSS MB':>11} {'proc s':>6}"
     )
     rss: dict[str, list[tuple[int, float]]] = {}
     try:
@@ -158,11 +170,13 @@ def main() -> None:
                 bound = n / max(r["cpu"], r["child_cpu"])
                 vs_bt2, vs_dummy = rate / ref["babeltrace2"], rate / ref["bt2-dummy"]
                 print(
-                    f"{n:>10,} {size:>8.1f} {mode:>14} {r['wall']:>7.2f} {rate:>10,.0f} {vs_bt2:>7.2f} "
+                    f"{n:>10,} {size:>8.1f} {mode:>16} {r['wall']:>7.2f} {rate:>10,.0f} {vs_bt2:>7.2f} "
                     f"{vs_dummy:>8.2f} "
-                    f"{r['cpu']:>9.2f} {r['child_cpu']:>9.2f} {bound:>14,.0f} {r['rss_mb']:>11.0f}",
+                    f"{r['cpu']:>9.2f} {r['child_cpu']:>9.2f} {bound:>14,.0f} {r['rss_mb']:>11.0f} {r['proc']:>6.2f}",
                     flush=True,
                 )
+            cores = sorted({r["core"] for m, r in runs.items() if m in ("native", "read_lttng")})
+            print(f"native core: {', '.join(cores)}", flush=True)
             if not args.keep:
                 shutil.rmtree(path)
     finally:
