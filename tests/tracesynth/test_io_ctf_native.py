@@ -8,7 +8,10 @@ The shared traces live beside the repository (../shared/traces): those tests ski
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +229,32 @@ def test_the_cython_core_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None
     assert fast.kernels().name == "cython" and fast.cheap() and stream.AOT_MIN_BYTES == 0
     monkeypatch.setenv("TRACESYNTH_CTF_CORE", "python")
     assert fast.kernels() is None and fast.loaded() is None and not fast.cheap()
+
+
+@needs_cython
+def test_a_read_with_the_cython_core_never_imports_numba() -> None:
+    """The point of the ahead-of-time core: no numba import (half a second, 150 MB) in a reading process."""
+    code = (
+        "import sys; from tracesynth.io import read_trace; from tracesynth.io.ctf import fast; "
+        f"read_trace({str(PERF_CTF)!r}); print(fast.loaded().name, 'numba' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRACESYNTH_CTF_CORE"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cython", "False"]
+
+
+def test_metadata_is_parsed_once_per_content(tmp_path: Path) -> None:
+    t = _copy(PERF_CTF, tmp_path / "t")
+    a = load_metadata(t)
+    assert load_metadata(t) is a and load_metadata(PERF_CTF) is a  # the same bytes: the same parse
+    meta = t / "metadata"
+    meta.write_bytes(meta.read_bytes() + b"\n/* changed */\n")
+    b = load_metadata(t)
+    assert b is not a and b.streams.keys() == a.streams.keys()
+    meta.write_bytes(b"\x00garbage")
+    with pytest.raises(TraceSynthError, match="metadata"):
+        load_metadata(t)
 
 
 def test_unknown_core_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
