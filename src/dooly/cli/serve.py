@@ -75,7 +75,10 @@ def simulate(
         help="KV-cache blocks per replica, explicit (overrides --memory-gb; 4096 when neither is given).",
     ),
     memory_gb: float | None = typer.Option(
-        None, "--memory-gb", help="Device memory per replica in GiB: derive the KV blocks from it as vLLM does."
+        None,
+        "--memory-gb",
+        help="Memory of each device in GiB (a replica of --tp x --pp devices has that many): derive the KV blocks from "
+        "it as vLLM does; with --sweep-layouts, a layout whose weights and KV do not fit is marked so.",
     ),
     gpu_util: float = typer.Option(
         0.9, "--gpu-memory-utilization", help="Fraction of --memory-gb the engine may use (vLLM's default 0.9)."
