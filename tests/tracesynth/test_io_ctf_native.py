@@ -332,6 +332,26 @@ def test_garbage_inside_a_packet_reads_as_python_reads_it(
     assert got[0] == got[1] == got[2]
 
 
+@pytest.mark.parametrize("big", [b"18446744073709551616", b"9223372036854775808"])
+def test_numbers_past_int64_in_the_metadata_read_as_python_reads_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, big: bytes, core: str
+) -> None:
+    """Each number of the metadata in turn made too big for the core's instructions: the stream
+    class goes to the Python decoder (the same error, or the same events), never a crash."""
+    import re
+
+    t = _copy(PERF_CTF, tmp_path / "t")
+    meta = t / "metadata"
+    data = meta.read_bytes()
+    for a, b in [m.span() for m in re.finditer(rb"\d+", data)][::3]:
+        meta.write_bytes(data[:a] + big + data[b:])
+        got = []
+        for which in ("python", core):
+            _use(monkeypatch, which)
+            got.append(_outcome(t))
+        assert got[0] == got[1], (a, data[a:b])
+
+
 def test_core_stopping_mid_packet_hands_over_to_python(monkeypatch: pytest.MonkeyPatch, core: str) -> None:
     """The core gives up on a packet after some of its rows went out in a chunk: the Python
     decoder redoes the packet, those rows skipped, and reads on."""

@@ -41,6 +41,7 @@ __all__ = [
     "native_ctf_metadata",
 ]
 _DICT = pa.dictionary(pa.int32(), pa.string())
+_I64 = (-(1 << 63), (1 << 63) - 1)
 
 
 # the latest parses, by the metadata's bytes: a read asks twice (its fields, then its streams), and
@@ -64,6 +65,13 @@ def load_metadata(trace_dir: Path) -> TraceClass:
         tc = parse_ctf2(text) if is_ctf2(text) else parse_tsdl(data)
     except (TsdlError, RecursionError) as exc:
         raise TraceSynthError(f"bad CTF metadata: {exc}", meta) from None
+    for sc in tc.streams.values():  # ids are int64 in the columns (babeltrace2's go to 2**64, none that big is seen)
+        if not all(_I64[0] <= i <= _I64[1] for i in (sc.id, *sc.events)):
+            raise TraceSynthError("bad CTF metadata: a stream or event class id past the int64 range", meta)
+    for name, clock in tc.clocks.items():  # timestamps are int64 ns from the clock's origin
+        s, c = clock.normalised()
+        if clock.freq > 0 and not _I64[0] <= s * 1_000_000_000 + c * 1_000_000_000 // clock.freq <= _I64[1]:
+            raise TraceSynthError(f"bad CTF metadata: clock {name!r} has an offset past the int64 ns range", meta)
     if len(_PARSED) >= 4:
         _PARSED.pop(next(iter(_PARSED)))
     _PARSED[data] = tc

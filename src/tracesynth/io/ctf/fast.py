@@ -324,7 +324,10 @@ def compile_program(tc: Any, sc: Any, sources: dict[int, list], wants: list[Any]
         c.root(ev.context, "event.context", mine["event.context"])
         c.root(ev.payload, "event.payload", mine["event.payload"])
         c.op(END)
-    code = np.array(c.code, dtype=np.int64).reshape(-1, 5)
+    try:
+        code = np.array(c.code, dtype=np.int64).reshape(-1, 5)
+    except OverflowError:  # a size or length in the metadata past int64: the Python decoder judges it
+        raise FastUnsupported("a number in the metadata outside int64") from None
     return Program(code, evstart, next(iter(sc.events)) if len(sc.events) == 1 else 0, max(c.nregs, 1), len(wants))
 
 
