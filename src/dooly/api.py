@@ -198,7 +198,7 @@ def memory_model(
     from dooly.engines import get_engine
     from dooly.simulator import MemoryModel
 
-    config, name = resolve_model(model)[1], Path(str(model)).stem
+    name, config = resolve_model(model)  # the model's own name ("llama-3.1-70b", not a file stem cut at a dot)
     limits = (memory_gb, utilization, dtype, kv_cache_dtype, activation_gb)
     return MemoryModel(config, *limits, name=name, engine=get_engine(engine, dtype=dtype))
 
