@@ -10,6 +10,7 @@ and payload: sizes skipped, requested fields read).
 from __future__ import annotations
 
 import fnmatch
+import re
 import struct
 from array import array
 from dataclasses import dataclass, field
@@ -111,6 +112,11 @@ class StreamDecoder:
     common: list[tuple] = field(default_factory=list)
 
 
+def _patterns(pats: Any) -> Any:
+    """A match function that is true where fnmatch.fnmatchcase is for one of `pats`."""
+    return re.compile("|".join(map(fnmatch.translate, pats)) if pats else "(?!)").match
+
+
 def _sources(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> tuple[dict[int, list], dict, dict, dict]:
     """For each event class, where each Want comes from: (level, member) or None."""
     strip = tc.version != "2"
@@ -121,6 +127,9 @@ def _sources(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> tuple[dict[i
     need: dict[str, dict[str, str]] = {"packet.context": {}, "event.common_context": {}}
     per_event: dict[int, dict[str, dict[str, str]]] = {}
     sources: dict[int, list] = {}
+    # each Want's event-name patterns as one regex (fnmatchcase's own translation), not a call per pattern
+    # and event class: an LTTng kernel trace has ~1500 event classes
+    match = [None if w.events is None else _patterns(w.events) for w in wants]
     for eid, ev in sc.events.items():
         scopes = {
             **stream_scopes,
@@ -129,9 +138,9 @@ def _sources(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> tuple[dict[i
         }
         row: list = []
         mine: dict[str, dict[str, str]] = {"event.context": {}, "event.payload": {}}
-        for w in wants:
+        for w, m in zip(wants, match, strict=True):
             src = None
-            if w.events is None or any(fnmatch.fnmatchcase(ev.name, pat) for pat in w.events):
+            if m is None or m(ev.name):
                 for root in SCOPE_ROOTS[w.scope]:
                     hit = scopes[root].get(w.name)
                     if hit is not None and field_kind(hit[1]) == w.kind:
