@@ -14,10 +14,12 @@ threads are derived from sched_switch. Then, each in a fresh subprocess, at two 
   decoder with the numba core (TRACESYNTH_CTF_CORE=numba) instead of the default ahead-of-time
   (Cython) one, which is what the native modes use where it is built (the line `native core`).
 
-Each is run --repeats times; the medians are printed. The numba core costs its import and cache
-load (about half a second and 150 MB per process, inside the timed read); on a fresh checkout its
-first run also compiles it (about 10 s, then cached under src/tracesynth/io/ctf/__pycache__),
-which the median of 3 leaves out.
+Each is run --repeats times; the medians are printed. The Python children load modules from
+bytecode caches as an installed package does (PYTHONDONTWRITEBYTECODE, set on some machines, is
+dropped for them: without it each process compiles tracesynth's sources, ~30 ms inside a read).
+The numba core costs its import and cache load (about half a second and 150 MB per process,
+inside the timed read); on a fresh checkout its first run also compiles it (about 10 s, then
+cached under src/tracesynth/io/ctf/__pycache__), which the median of 3 leaves out.
 
 For each: wall-clock events/s (the read alone, after the Python imports), its ratio to
 babeltrace2's wall rate (`vs bt2`) and to the dummy sink's (`vs dummy`) measured in the same run,
@@ -130,6 +132,7 @@ def measure_once(mode: str, path: Path) -> dict:
         user, sys_ = (float(x) for x in proc.stdout.split()[-2:])
         return {"wall": wall, "cpu": 0.0, "child_cpu": user + sys_, "rss_mb": float("nan"), "proc": wall}
     env = {**os.environ, "TRACESYNTH_CTF_CORE": "numba" if mode == "read_lttng-numba" else "auto"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # modules load from bytecode, as from an installed package
     t0 = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True, text=True, check=True, cwd=REPO, env=env
