@@ -295,6 +295,12 @@ class VLLMEngine(Engine):
             )
         # a parallel replica is traced as its first tensor-parallel rank of one stage (dooly.engines.vllm_parallel)
         self.tp, self.pp, self.stage = int(tensor_parallel_size), int(pipeline_parallel_size), int(pipeline_stage)
+        if self.tp * self.pp > 1:
+            # the collective ops exist from here on, not only once a rank is traced: a predictor sizes their outputs
+            # on meta tensors (page faults), and would find no op when the traces come from the cache
+            from dooly.engines import vllm_parallel
+
+            vllm_parallel.install()
         self._dirs: dict[str, Path] = {}
         # model directories vLLM reads configs from: removed with the engine, at exit, or (after a kill) by the
         # next dooly process
