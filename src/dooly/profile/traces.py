@@ -46,6 +46,12 @@ def trace_cache_key(name: str, config: Mapping[str, Any]) -> str:
     return f"{name}@{config_hash(config)}@{tracer_version()}"
 
 
+#: traces made in this process for a read-only store (which keeps no trace), by engine, cache key and phase: the
+#: commands that only read a DB whose trace cache is stale (the tracing code changed) trace each pass once, not once
+#: per predictor
+_TRACED: dict[tuple[str, str, str], ModelTrace] = {}
+
+
 def model_traces(
     name: str, config: Mapping[str, Any], engine: Engine, store: ProfileStore | None = None, fold: bool = False
 ) -> dict[str, ModelTrace]:
@@ -67,12 +73,21 @@ def model_traces(
         if cached is not None:
             out[phase] = ModelTrace.from_json(cached, f"trace cache for {key}")
             continue
+        memo = (eng_key, key, phase)
+        keeps_nothing = store is not None and getattr(store, "readonly", False)
+        if keeps_nothing and memo in _TRACED:  # traced earlier in this process for a read-only store
+            out[phase] = _TRACED[memo]
+            continue
         t0 = time.perf_counter()
         tr = fold_traced(config, phase, name, engine) if fold else None
         tr = tr or trace_model(config, phase, name=name, engine=engine)
         spent += time.perf_counter() - t0
         if store is not None:
             store.put_trace(eng_key, key, phase, tr.to_json())
+        if keeps_nothing:
+            if len(_TRACED) >= 64:
+                _TRACED.clear()
+            _TRACED[memo] = tr
         out[phase] = tr
     if store is not None and spent:
         doc = json.dumps({"seconds": round(spent, 3)})
