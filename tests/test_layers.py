@@ -13,6 +13,7 @@ Run ``python tests/test_layers.py`` to print today's cycles and upward imports.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -46,22 +47,35 @@ DOOLY_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 KNOWN_CYCLES: dict[str, str] = {}  # package -> why its cycles are tolerated (none are, today)
 
 
+_PYX: set[str] = set()  # modules whose source is Cython
+
+
 @cache
 def modules() -> dict[str, Path]:
-    """Every module under src/ by dotted name (a package by its own name, from its ``__init__``)."""
+    """Every module under src/ by dotted name (a package by its own name, from its ``__init__``; a compiled
+    Cython module by its ``.pyx``)."""
     out = {}
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted([*SRC.rglob("*.py"), *SRC.rglob("*.pyx")]):
         parts = list(path.relative_to(SRC).with_suffix("").parts)
         if parts[0] not in PACKAGES:
             continue
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
+        if path.suffix == ".pyx":
+            _PYX.add(".".join(parts))
     return out
 
 
 def imported_names(name: str, source: str, is_package: bool = False) -> Iterator[tuple[str, int]]:
-    """(dotted name, line) of everything the module ``name`` imports, relative imports resolved."""
+    """(dotted name, line) of everything the module ``name`` imports, relative imports resolved (a Cython
+    source: its plain ``import X`` / ``from X import`` lines, Python's parser cannot read the rest)."""
+    if name in _PYX:
+        for line, text in enumerate(source.splitlines(), 1):
+            m = re.match(r"\s*(?:from\s+([\w.]+)\s+c?import|import\s+([\w.]+))", text)
+            if m:
+                yield m.group(1) or m.group(2), line
+        return
     package = name if is_package else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
