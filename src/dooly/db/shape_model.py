@@ -22,7 +22,7 @@ error is kept per kind:
 * ``roofline``: ``t = c0 + c1·flops + c2·bytes + c3·tasks + c4·gemv`` with non-negative coefficients, fitted in
   relative error (a fixed launch cost plus a compute and a memory rate);
 * ``loglog``: ``log t = a + b·log(1 + flops) + c·log(1 + bytes) + d·log(1 + tasks) + e·log(1 + gemv)``
-  (efficiency that changes with size).
+  (efficiency that changes with size), its exponents non-negative.
 
 **Uncertainty.** Each kind keeps the spread of its leave-one-signature-out residuals (``sigma``: RMS of the
 log error when each signature is predicted by a fit that never saw it), widened for a signature whose
@@ -239,9 +239,14 @@ def _fit(form: str, fb: np.ndarray, t: np.ndarray) -> _Fit:
         if not coef.any():
             coef[0] = float(np.median(t))
         return _Fit(form, coef)
+    # slopes non-negative (an op does not get faster as its work grows): a free fit of a size that hardly moves
+    # in the kind's points (a rotary cache's rows, one per model) can take any sign and, far from those points,
+    # predict a smaller cache to cost a hundred times more; the intercept is free (its +1 and -1 columns)
+    from scipy.optimize import nnls
+
     X = _features(fb)
-    coef, *_ = np.linalg.lstsq(X, np.log(t), rcond=None)
-    return _Fit(form, coef)
+    coef, _ = nnls(np.column_stack([X[:, :1], -X[:, :1], X[:, 1:]]), np.log(t))
+    return _Fit(form, np.concatenate([[coef[0] - coef[1]], coef[2:]]))
 
 
 @dataclass
