@@ -239,3 +239,18 @@ def test_a_pointwise_family_is_fitted_in_the_roofline_form_only() -> None:
     model = ShapeModel.fit({s.key: s for s in train}, points(train, power))
     assert model.kinds[coarse_kind_of(silu(64))].fit.form == "loglog"
     assert model.kinds[family_kinds_of(silu(64))[0]].fit.form == "roofline"
+
+
+def test_the_log_log_form_never_prices_less_work_as_more_time() -> None:
+    """Points where time falls as one work measure grows (noise, or a size that barely moves across a kind's
+    signatures) must not give that measure a negative exponent: far below the fitted sizes it would explode."""
+    from dooly.db.shape_model import _fit
+
+    rng = np.random.default_rng(0)
+    flops = rng.uniform(1e5, 1e7, 40)
+    nbytes = rng.uniform(4e6, 4.2e6, 40)  # barely moves
+    t = 1e-9 * flops * (4e6 / nbytes) ** 30  # and, in these points, against the time
+    fit = _fit("loglog", np.column_stack([flops, nbytes, np.zeros(40), np.zeros(40)]), t)
+    assert np.all(fit.coef[1:] >= 0)
+    small = np.array([[1e6, 1e6, 0.0, 0.0]])  # a quarter of the bytes: no more time than at the fitted bytes
+    assert fit.predict(small)[0] <= fit.predict(np.array([[1e6, 4e6, 0.0, 0.0]]))[0] * (1 + 1e-9)
