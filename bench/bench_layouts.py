@@ -18,8 +18,9 @@ import argparse
 import time
 from pathlib import Path
 
-from dooly.api import ProfileHooks, ServeHooks, profile_models, sweep_layouts, warm_traces
+from dooly.api import ProfileHooks, ServeHooks, profile_models, warm_traces
 from dooly.core.zoo import load_config
+from dooly.layout_sweep import sweep_layouts
 from dooly.simulator.layouts import enumerate_layouts, vllm_refusal
 
 CONFIGS = Path(__file__).parent / "configs"

@@ -38,7 +38,7 @@ DOOLY_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("simulate", ("simulator",)),
     # real serving runs to validate the simulator against (vllm_serving drives `vllm serve`, not an Engine)
     ("serve", ("serve",)),
-    ("app", ("api", "report", "demo", "vidur_export")),
+    ("app", ("api", "layout_sweep", "report", "demo", "vidur_export")),
     ("cli", ("cli", "__main__")),
 )
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from dooly import api
+from dooly import api, layout_sweep
 from dooly.cli import app
 from dooly.core.batch import Batch
 from dooly.simulator import PipelineLatency, ReplicaScheduler, parse_workload, simulate, vllm_v1_config
@@ -121,9 +121,9 @@ def test_layers_split_over_stages_as_vllm_splits_them() -> None:
         assert [(b - a) for a, b in expected] == pp_partition(layers, pp)
 
 
-def _point(tp: int, pp: int, reps: int, tok_s: float, meets: bool, e2e: float = 1.0) -> api.LayoutPoint:
+def _point(tp: int, pp: int, reps: int, tok_s: float, meets: bool, e2e: float = 1.0) -> layout_sweep.LayoutPoint:
     s = SimpleNamespace(throughput_tokens=tok_s, e2e={"p90": e2e}, ttft={"p90": 0.1}, tpot={"p90": 0.01})
-    return api.LayoutPoint(Layout(tp, pp, reps), summary=s, meets_slo=meets)  # type: ignore[arg-type]
+    return layout_sweep.LayoutPoint(Layout(tp, pp, reps), summary=s, meets_slo=meets)  # type: ignore[arg-type]
 
 
 def test_the_pick_is_the_highest_throughput_per_device_that_meets_the_slo() -> None:
@@ -132,9 +132,9 @@ def test_the_pick_is_the_highest_throughput_per_device_that_meets_the_slo() -> N
         _point(4, 1, 2, 1400.0, True, e2e=2.0),
         _point(2, 1, 4, 2000.0, False),  # fastest, misses the SLO
         _point(4, 2, 1, 1400.0, True, e2e=1.5),  # ties on throughput: the lower p90 end-to-end wins
-        api.LayoutPoint(Layout(1, 1, 8), reason="does not fit: weights", fits=False),
+        layout_sweep.LayoutPoint(Layout(1, 1, 8), reason="does not fit: weights", fits=False),
     ]
-    sweep = api.LayoutSweep("m", 8, "w", "cfg", SimpleNamespace(describe=lambda: "slo"), points)
+    sweep = layout_sweep.LayoutSweep("m", 8, "w", "cfg", SimpleNamespace(describe=lambda: "slo"), points)
     assert sweep.best is points[3]
     assert sweep.best.throughput_per_device == 1400.0 / 8
     sweep.points = [p for p in points if not p.meets_slo]
@@ -162,9 +162,9 @@ class FakeRank:
 @pytest.fixture
 def fake_ranks(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
     """`dooly simulate --sweep-layouts` on a tiny config, each rank an analytic stand-in (no profile, no trace)."""
-    monkeypatch.setattr(api, "warm_traces", lambda *a, **k: None)
+    monkeypatch.setattr(layout_sweep, "warm_traces", lambda *a, **k: None)
     monkeypatch.setattr(
-        api, "stage_latency_models", lambda model, db, dtype, threads, engine, shape, tp, pp, method: (
+        layout_sweep, "stage_latency_models", lambda model, db, dtype, threads, engine, shape, tp, pp, method: (
             [FakeRank(tp, pp, method) for _ in range(pp)], engine)
     )  # fmt: skip
     cfg = tmp_path / "llama.json"

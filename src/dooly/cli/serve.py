@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from dooly import api
+from dooly import api, layout_sweep
 from dooly.cli.app import app
 from dooly.engines import DEFAULT_ENGINE
 
@@ -134,7 +134,7 @@ def simulate(
         kw |= {"memory_gb": memory_gb, "gpu_util": gpu_util, "kv_cache_dtype": kv_cache_dtype, "kv_blocks": kv_blocks}
         kw |= {"activation_gb": activation_gb, "router": router, "router_seed": router_seed, "slo_ttft": slo_ttft}
         kw |= {"slo_tpot": slo_tpot, "dtype": dtype, "engine": engine}
-        print_layouts(api.sweep_layouts(model, db, devices=devices, **kw, hooks=_hooks()))
+        print_layouts(layout_sweep.sweep_layouts(model, db, devices=devices, **kw, hooks=_hooks()))
         return
     kw = {"max_seqs": max_seqs, "max_tokens": max_tokens, "chunked": chunked, "block_size": block_size}
     kw |= {"cpu_kvcache_gb": cpu_kvcache_gb, "kv_blocks": kv_blocks, "memory_gb": memory_gb, "gpu_util": gpu_util}
