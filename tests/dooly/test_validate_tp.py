@@ -153,3 +153,20 @@ def test_a_pp2_replica_is_timed_on_its_last_stage_and_predicted_as_the_sum_of_it
     assert len(rows) == 1 and rows[0].predicted_s == 2 * _Pred().forward_latency("prefill", {})
     assert math.isfinite(rows[0].measured_s) and rows[0].measured_s > 0
     assert not multiprocessing.active_children()
+
+
+def test_validate_cli_takes_the_pipeline_stages_and_refuses_an_engine_without_them(tmp_path: Path) -> None:
+    """`dooly validate --pp 2` reaches the stages' path; on an engine without pipeline ranks it is one error line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dooly.cli import app
+
+    cfg, db = tmp_path / "llama.json", tmp_path / "p.db"
+    cfg.write_text(json.dumps({**LLAMA, "num_hidden_layers": 4}))
+    db.write_bytes(b"")  # an empty DB: a new SQLite database to dooly
+    res = CliRunner().invoke(app, ["validate", str(cfg), "--db", str(db), "--engine", "hf-eager", "--pp", "2"])
+    assert isinstance(res.exception, DoolyError) and "no tensor or pipeline parallelism" in str(res.exception)
+    res = CliRunner().invoke(app, ["validate", str(cfg), "--db", str(db), "--engine", "vllm", "--pp", "2"])
+    assert isinstance(res.exception, DoolyError) and "have no profile" in str(res.exception)  # a stage's own

@@ -268,8 +268,8 @@ def _measure(name: str, pred, cfg, engine, keep_in: Path | None, **kw):  # type:
     from dooly.predict.validate import validate_model
     from dooly.predict.validate_parallel import validate_parallel
 
-    # a rank of a tensor-parallel replica: the whole replica's forwards, its ranks in processes of their own
-    measure = validate_parallel if getattr(engine, "tp", 1) > 1 else validate_model
+    # a rank of a parallel replica: the whole replica's forwards, its ranks in processes of their own
+    measure = validate_parallel if getattr(engine, "tp", 1) * getattr(engine, "pp", 1) > 1 else validate_model
     err.print(f"measuring {name}")
     with _Steps(f"measuring {name}") as steps:
         if keep_in is None:
@@ -310,6 +310,13 @@ def validate_cmd(
         help="Score rank 0 of a tensor-parallel replica (vllm) against the real replica's forwards "
         "(its ranks in processes of their own, one per core; after `dooly profile --tp`).",
     ),
+    pp: int = typer.Option(
+        1,
+        "--pp",
+        min=1,
+        help="Score a replica of this many pipeline stages (vllm): the stages' predictors summed against the real "
+        "stages' forward (after `dooly profile --pp M --pp-stage S` for each stage).",
+    ),
 ) -> None:
     """Measure real forwards of MODEL at held-out shapes and print the predictor's MAPE per phase.
 
@@ -326,8 +333,11 @@ def validate_cmd(
 
     if not db.exists():
         raise DoolyError(f"{db}: no such profile database (run `{profile_command(model, db, model)}` first)")
-    engine, threads = profiling_engine(engine_name, device, dtype, threads, tp=tp)
+    engine, threads = profiling_engine(engine_name, device, dtype, threads, tp=tp, pp=pp)
     name, cfg = resolve_model(model)
+    if pp > 1:
+        _validate_stages(model, name, cfg, db, engine, dtype, threads, method, shape, keep, repeats, rounds)
+        return
     if method == "auto":
         _print_method_errors(db, engine, threads)
     predictors, failed = validation_predictors(model, db, engine, threads, method, shape)
@@ -338,6 +348,24 @@ def validate_cmd(
     rows = _measure(name, pred, cfg, engine, db if keep else None, threads=threads, repeats=repeats, rounds=rounds)
     others = {label: [p.forward_latency(r.phase, r.values) for r in rows] for label, p in predictors.items()}
     _print_validation(name, rows, predictors, others)
+    _print_mapes(rows, others, shape)
+    if rounds > 1:
+        _print_spread(rows)
+
+
+def _validate_stages(  # type: ignore[no-untyped-def]
+    model, name, cfg, db, engine, dtype, threads, method, shape, keep, repeats, rounds
+) -> None:
+    """`validate --pp M`: the stages' predictors, summed, against the real stages' forward (the profile's figure
+    only: "shared overhead" and "zero new points" are one engine's, not a pipeline's)."""
+    from dooly.api import stage_latency_models
+
+    tp, pp = engine.tp, engine.pp
+    stages, _ = stage_latency_models(model, db, dtype, threads, "vllm", shape, tp, pp, method=method)
+    _print_shape_shares({f"stage {i}": p for i, p in enumerate(stages)})
+    rows = _measure(name, stages, cfg, engine, db if keep else None, threads=threads, repeats=repeats, rounds=rounds)
+    others = {"profile": [r.predicted_s for r in rows]}
+    _print_validation(name, rows, {"profile": stages[0]}, others)
     _print_mapes(rows, others, shape)
     if rounds > 1:
         _print_spread(rows)
