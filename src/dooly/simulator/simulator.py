@@ -1,6 +1,7 @@
 """The discrete-event loop: arrivals and iteration ends on one heap, one scheduler per replica.
 
-Each replica runs one iteration at a time; when it ends, the scheduler applies it and picks the next.
+Each replica runs one iteration at a time (one per stage of a pipeline, below); when it ends, the scheduler
+applies it and picks the next.
 Iteration latency comes from any object with ``iteration_latency(batch) -> seconds`` (dooly's Predictor,
 or an analytic stand-in in tests). A router (:mod:`dooly.simulator.router`) sends each arriving request to a
 replica: round-robin by default, as Vidur's default global scheduler does. The only randomness is the
@@ -26,7 +27,7 @@ the stages' traces, the sampled tokens' broadcast back to the first stage, and a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,7 +58,12 @@ class CachedLatency:
 
     def scheduled_latency(self, batch: ScheduledBatch) -> float:
         """Latency of a scheduled iteration without building a Batch unless the shape is new (hot path)."""
-        prefill = tuple(sorted((n, r.computed) for r, n in batch.prefill))
+        return self.pending_latency(batch, {})
+
+    def pending_latency(self, batch: ScheduledBatch, ahead: Mapping[int, int]) -> float:
+        """As :meth:`scheduled_latency`, with ``ahead``: tokens of each request still in a pipeline, which its
+        prefill chunk comes after."""
+        prefill = tuple(sorted((n, r.computed + ahead.get(r.id, 0)) for r, n in batch.prefill))
         return self._lookup(prefill, tuple(sorted(r.computed for r in batch.decode)))
 
     def _lookup(self, prefill: tuple, decode: tuple) -> float:
@@ -131,72 +137,16 @@ def simulate(
     if num_replicas < 1:
         raise DoolyError(f"num_replicas must be >= 1, got {num_replicas}")
     route = make_router(router, router_seed) if isinstance(router, str) else router
+    # a replica is a pipeline of stages (one, unless ``latency`` is a PipelineLatency): up to one batch in flight
+    # per stage, each stage one batch at a time, in order (see the module docstring)
     if isinstance(latency, PipelineLatency):
-        if latency.num_stages > 1:
-            return _simulate_pipeline(workload, latency, config, num_replicas, on_iteration, route)
-        latency = latency.stages[0]
-    model = latency if isinstance(latency, CachedLatency) else CachedLatency(latency)
-    schedulers = [ReplicaScheduler(config) for _ in range(num_replicas)]
-    busy: list[ScheduledBatch | None] = [None] * num_replicas
-    starts = [0.0] * num_replicas
-    requests = workload.requests()
-    iterations: list[IterationRecord] = []
-    events = EventQueue()
-    for req in requests:
-        events.push(req.arrival, EventKind.ARRIVAL, payload=req)
-
-    def start_next(rep: int, now: float) -> None:
-        sched = schedulers[rep]
-        if not sched.has_work:
-            return
-        batch = sched.schedule()
-        if batch.is_empty:
-            raise RuntimeError(f"replica {rep} has work but scheduled nothing (scheduler bug)")
-        for req, _ in batch.prefill:
-            if req.first_scheduled is None:
-                req.first_scheduled = now
-        busy[rep] = batch
-        starts[rep] = now
-        events.push(now + model.scheduled_latency(batch), EventKind.BATCH_END, replica=rep, payload=batch)
-
-    while events:
-        ev = events.pop()
-        if ev.kind is EventKind.ARRIVAL:
-            req: Request = ev.payload
-            req.replica = route.route(req, schedulers)
-            schedulers[req.replica].add(req)
-        else:
-            rep = ev.replica
-            batch: ScheduledBatch = ev.payload
-            sched = schedulers[rep]
-            rec = IterationRecord.of(batch, sched.kv, rep, starts[rep], ev.time)
-            iterations.append(rec)
-            if on_iteration is not None:
-                on_iteration(rec)
-            sched.complete(batch, ev.time)
-            busy[rep] = None
-        # idle replicas start once every event of this instant is in (simultaneous arrivals batch together)
-        if not events or events.peek_time() > ev.time:
-            for rep in range(num_replicas):
-                if busy[rep] is None:
-                    start_next(rep, ev.time)
-    metrics = RequestMetrics.from_requests(requests)
-    return SimulationResult(requests, iterations, metrics, summarize(metrics, iterations), config, num_replicas)
-
-
-def _simulate_pipeline(
-    workload: Workload,
-    latency: PipelineLatency,
-    config: SchedulerConfig,
-    num_replicas: int,
-    on_iteration: Callable[[IterationRecord], None] | None,
-    route: Router,
-) -> SimulationResult:
-    """:func:`simulate` on replicas of ``latency.num_stages`` pipeline stages (see the module docstring)."""
-    stages = latency.num_stages
+        stages = latency.stages
+    else:
+        stages = [latency if isinstance(latency, CachedLatency) else CachedLatency(latency)]
+    depth = len(stages)
     schedulers = [ReplicaScheduler(config) for _ in range(num_replicas)]
     flight: list[deque[tuple[ScheduledBatch, float]]] = [deque() for _ in range(num_replicas)]
-    free = [[0.0] * stages for _ in range(num_replicas)]  # when each stage finishes what it was given
+    free = [[0.0] * depth for _ in range(num_replicas)]  # when each stage finishes what it was given
     blocked = [False] * num_replicas  # an empty schedule: the engine waits for its oldest batch
     requests = workload.requests()
     iterations: list[IterationRecord] = []
@@ -206,25 +156,20 @@ def _simulate_pipeline(
 
     def fill(rep: int, now: float) -> None:
         sched = schedulers[rep]
-        while not blocked[rep] and len(flight[rep]) < stages and sched.has_work:
+        while not blocked[rep] and len(flight[rep]) < depth and sched.has_work:
             batch = sched.schedule()
             if batch.is_empty:
                 if not flight[rep]:
                     raise RuntimeError(f"replica {rep} has work but scheduled nothing (scheduler bug)")
                 blocked[rep] = True
                 return
-            ahead = sched.inflight
-            shape = Batch(
-                prefill=tuple((n, r.computed + ahead.get(r.id, 0)) for r, n in batch.prefill),
-                decode=tuple(r.computed for r in batch.decode),
-            )
             for req, _ in batch.prefill:
                 if req.first_scheduled is None:
                     req.first_scheduled = now
-            sched.dispatch(batch)
             t, ends = now, free[rep]
-            for s, seconds in enumerate(latency.stage_latencies(shape)):
-                t = ends[s] = max(t, ends[s]) + seconds
+            for s, stage in enumerate(stages):  # priced before dispatch: its own tokens are not ahead of it
+                t = ends[s] = max(t, ends[s]) + stage.pending_latency(batch, sched.inflight)
+            sched.dispatch(batch)
             flight[rep].append((batch, now))
             events.push(t, EventKind.BATCH_END, replica=rep, payload=batch)
 
@@ -247,6 +192,7 @@ def _simulate_pipeline(
             sched.settle(batch)
             sched.complete(batch, ev.time)
             blocked[rep] = False
+        # idle stages start once every event of this instant is in (simultaneous arrivals batch together)
         if not events or events.peek_time() > ev.time:
             for rep in range(num_replicas):
                 fill(rep, ev.time)
