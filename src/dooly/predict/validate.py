@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -72,42 +73,74 @@ def validate_model(
     import torch
 
     from dooly.core.zoo import max_positions
-    from dooly.db.store import canonical_point
     from dooly.profile import context_for, default_clock, fixed_threads, measure_forward, shapes_within
 
     shapes = shapes_within(shapes or VALIDATION_SHAPES, max_positions(config))
     clock = default_clock(engine.device, threads)  # type: ignore[attr-defined]
     keys = [f"{predictor.name}#holdout" + (str(r + 1) if r else "") for r in range(max(1, rounds))]
     ctx = context_for(engine, threads) if store is not None else None  # type: ignore[arg-type]
-    have: dict[tuple[str, str, str], object] = {}
+    model = None
+
+    def measure(phase: str, v: Mapping[str, int], note: Callable[[str], None]) -> object:
+        nonlocal model
+        if model is None:
+            torch.manual_seed(0)
+            model = engine.build_model(config)  # type: ignore[attr-defined]
+        return measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
+
+    with fixed_threads(threads):
+        medians = held_out_medians(shapes, keys, measure, store, ctx, on_step)
+    return held_out_rows(shapes, medians, predictor.forward_latency)
+
+
+def held_out_medians(
+    shapes: Mapping[str, list[dict[str, int]]],
+    keys: Sequence[str],
+    measure: Callable[[str, Mapping[str, int], Callable[[str], None]], Any],
+    store: Any | None,
+    ctx: Any,
+    on_step: Callable[[int, int, str], None] | None,
+) -> dict[tuple[str, str], list[float]]:
+    """Each round's median at every held-out shape: rounds interleaved (every shape under ``keys[0]``, then all
+    again under ``keys[1]``, ...), each read back from ``store`` where kept, else ``measure(phase, values, note)``
+    (a Measurement; ``note(what)`` reports set-up at this step) and stored under its round's key."""
+    from dooly.db.store import canonical_point
+
+    have: dict[tuple[str, str, str], Any] = {}
     if store is not None:
         for key in keys:
-            for _, ph, v, m in store.forwards(ctx, key):  # type: ignore[attr-defined]
+            for _, ph, v, m in store.forwards(ctx, key):
                 have[(key, ph, canonical_point(v))] = m
-    model = None
     medians: dict[tuple[str, str], list[float]] = {}
     step, done, total = on_step or (lambda d, t, w: None), 0, len(keys) * sum(len(vs) for vs in shapes.values())
-    with fixed_threads(threads):
-        for key in keys:
-            for phase, vs in shapes.items():
-                for v in vs:
-                    step(done, total, f"{phase} " + " ".join(f"{k}={x}" for k, x in v.items()))
-                    done += 1
-                    m = have.get((key, phase, canonical_point(v)))
-                    if m is None:
-                        if model is None:
-                            torch.manual_seed(0)
-                            model = engine.build_model(config)  # type: ignore[attr-defined]
-                        m = measure_forward(engine, model, phase, v, repeats=repeats, clock=clock)  # type: ignore[arg-type]
-                        if store is not None:
-                            store.put_forward(ctx, key, phase, v, m)  # type: ignore[attr-defined]
-                    medians.setdefault((phase, canonical_point(v)), []).append(m.median_s)  # type: ignore[attr-defined]
+    for key in keys:
+        for phase, vs in shapes.items():
+            for v in vs:
+                step(done, total, f"{phase} " + " ".join(f"{k}={x}" for k, x in v.items()))
+                m = have.get((key, phase, canonical_point(v)))
+                if m is None:
+                    m = measure(phase, v, lambda what, at=done: step(at, total, what))
+                    if store is not None:
+                        store.put_forward(ctx, key, phase, v, m)
+                done += 1
+                medians.setdefault((phase, canonical_point(v)), []).append(m.median_s)
     step(total, total, "done")
+    return medians
+
+
+def held_out_rows(
+    shapes: Mapping[str, list[dict[str, int]]],
+    medians: Mapping[tuple[str, str], Sequence[float]],
+    predict: Callable[[str, Mapping[str, int]], float],
+) -> list[ValidationRow]:
+    """A row per held-out shape: the median of its rounds' medians, beside ``predict(phase, values)``."""
+    from dooly.db.store import canonical_point
+
     rows = []
     for phase, vs in shapes.items():
         for v in vs:
             rs = tuple(medians[(phase, canonical_point(v))])
-            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predictor.forward_latency(phase, v), rs))
+            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predict(phase, v), rs))
     return rows
 
 

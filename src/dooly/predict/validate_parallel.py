@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from dooly.core.errors import DoolyError
 from dooly.predict.predictor import Predictor
-from dooly.predict.validate import VALIDATION_SHAPES, ValidationRow
+from dooly.predict.validate import VALIDATION_SHAPES, ValidationRow, held_out_medians, held_out_rows
 
 
 def validate_parallel(
@@ -40,7 +38,7 @@ def validate_parallel(
     ``store`` the measurements are kept (as models ``"<name>#holdout-tpN"``, ``"<name>#holdout2-tpN"``, ...;
     ``-tpNppM`` with stages; never fitted on) and reused by the next call."""
     from dooly.core.zoo import max_positions
-    from dooly.db.store import Measurement, canonical_point
+    from dooly.db.store import Measurement
     from dooly.profile import context_for, shapes_within
     from dooly.profile.parallel_forward import ReplicaRanks
 
@@ -57,42 +55,22 @@ def validate_parallel(
     # "#holdout" in the name: the overhead fit and the savings never read them (as validate_model's)
     keys = [f"{stages[0].name}#holdout" + (str(r + 1) if r else "") + f"-{layout}" for r in range(max(1, rounds))]
     ctx = context_for(engine, threads) if store is not None else None
-    have: dict[tuple[str, str, str], float] = {}
-    if store is not None:
-        for key in keys:
-            for _, ph, v, m in store.forwards(ctx, key):
-                have[(key, ph, canonical_point(v))] = m.median_s
     ranks: ReplicaRanks | None = None
-    medians: dict[tuple[str, str], list[float]] = {}
-    step, done, total = on_step or (lambda d, t, w: None), 0, len(keys) * sum(len(vs) for vs in shapes.values())
+
+    def measure(phase: str, v: Mapping[str, int], note: Callable[[str], None]) -> Measurement:
+        nonlocal ranks
+        if ranks is None:
+            note(f"starting {tp * pp} ranks")
+            ranks = ReplicaRanks(config, tp=tp, dtype=engine.dtype, threads=threads, pp=pp)
+        t = ranks.time(phase, v, repeats=repeats)
+        return Measurement(t.median_s, t.p10_s, t.p90_s, len(t.wall_s), float(sum(t.wall_s)))
+
     try:
-        for key in keys:
-            for phase, vs in shapes.items():
-                for v in vs:
-                    step(done, total, f"{phase} " + " ".join(f"{k}={x}" for k, x in v.items()))
-                    done += 1
-                    m = have.get((key, phase, canonical_point(v)))
-                    if m is None:
-                        if ranks is None:
-                            step(done - 1, total, f"starting {tp * pp} ranks")
-                            ranks = ReplicaRanks(config, tp=tp, dtype=engine.dtype, threads=threads, pp=pp)
-                        t = ranks.time(phase, v, repeats=repeats)
-                        m = t.median_s
-                        if store is not None:
-                            meas = Measurement(t.median_s, t.p10_s, t.p90_s, len(t.wall_s), float(sum(t.wall_s)))
-                            store.put_forward(ctx, key, phase, v, meas)
-                    medians.setdefault((phase, canonical_point(v)), []).append(m)
+        medians = held_out_medians(shapes, keys, measure, store, ctx, on_step)
     finally:
         if ranks is not None:
             ranks.close()
-    step(total, total, "done")
-    rows = []
-    for phase, vs in shapes.items():
-        for v in vs:
-            rs = tuple(medians[(phase, canonical_point(v))])
-            predicted = sum(p.forward_latency(phase, v) for p in stages)
-            rows.append(ValidationRow(phase, dict(v), float(np.median(rs)), predicted, rs))
-    return rows
+    return held_out_rows(shapes, medians, lambda phase, v: sum(p.forward_latency(phase, v) for p in stages))
 
 
 __all__ = ["validate_parallel"]
