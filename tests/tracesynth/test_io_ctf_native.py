@@ -437,6 +437,31 @@ def test_cython_and_numba_cores_agree_on_damage(monkeypatch: pytest.MonkeyPatch,
     assert calls[-1][0] == fast.BAD
 
 
+def test_carry_derives_threads_as_the_numpy_forward_fill(monkeypatch: pytest.MonkeyPatch, core: str) -> None:
+    """read_lttng's per-CPU thread state through the core's `carry`, block by block, against the
+    vectorised numpy fill it replaces: the same tid/comm of every row and the same state carried
+    (unknown CPUs, switches to unknown tasks, CPUs first switching in a later block)."""
+    from tracesynth.io.ctf import fast
+    from tracesynth.io.lttng import _SchedState
+
+    monkeypatch.setenv("TRACESYNTH_CTF_CORE", core)
+    monkeypatch.setattr(fast, "_KERNELS", {})
+    k = fast.kernels()
+    assert k is not None and k.name == core
+    rng = np.random.default_rng(7)
+    via_core, via_numpy = _SchedState(), _SchedState()
+    for block in range(6):
+        n = int(rng.integers(0, 400))
+        cpu = rng.integers(-1, 4 + block, n)
+        sw = rng.random(n) < 0.2
+        ids = [rng.integers(-1, 50, n), rng.integers(-1, 9, n).astype(np.int32)]
+        prev, nxt = (ids[0], ids[1]), (rng.integers(-1, 50, n), rng.integers(-1, 9, n).astype(np.int32))
+        got = via_core.derive(cpu, sw, prev, nxt)
+        want = via_numpy._derive_numpy(cpu, sw, prev, nxt)
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want, strict=True))
+        assert (via_core.tid, via_core.comm) == (via_numpy.tid, via_numpy.comm)
+
+
 # --- CTF 2 written by `tracesynth export --ctf-version 2` ---------------------------------------
 def _sample(n: int = 3000) -> Trace:
     """Nulls in every nullable column, several CPUs and one null CPU, sched_switch rows, odd comms."""

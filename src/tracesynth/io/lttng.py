@@ -43,6 +43,7 @@ from tracesynth.vocab import Vocab
 
 SYSCALL_EXITS = ("syscall_exit_*", "compat_syscall_exit_*", *LEGACY_SYSCALL_EXITS)
 STATEDUMP_PROCESS = "lttng_statedump_process_state"
+_MAX_CPUS = 1 << 16  # CPU ids the compiled forward fill indexes its state by (more: the numpy one)
 
 
 def ctf_trace_dirs(path: Path) -> list[Path]:
@@ -79,7 +80,33 @@ class _SchedState:
         self.names: dict[int, int] = {}
 
     def derive(self, cpu: np.ndarray, is_switch: np.ndarray, prev: tuple, nxt: tuple) -> tuple[np.ndarray, np.ndarray]:
-        """tid/comm of each row of one block from sched_switch (vectorised per-CPU forward fill)."""
+        """tid/comm of each row of one block from sched_switch (a per-CPU forward fill): one pass of the
+        compiled CTF core's `carry` where a read loaded it, else vectorised numpy (same result)."""
+        from tracesynth.io.ctf import fast  # here: the babeltrace2 path need not import the native reader
+
+        k = fast.loaded()
+        top = int(cpu.max(initial=-1))
+        if k is not None and top < _MAX_CPUS:
+            return self._carry(k.carry, cpu, is_switch, prev, nxt, top + 1)
+        return self._derive_numpy(cpu, is_switch, prev, nxt)
+
+    def _carry(self, carry: Any, cpu: np.ndarray, is_switch: np.ndarray, prev: tuple, nxt: tuple, m: int) -> tuple:
+        # the state as arrays indexed by CPU for the kernel, and back (a few CPUs: cheap)
+        st_tid = np.full(m, -1, dtype=np.int64)
+        st_comm = np.full(m, -1, dtype=np.int32)
+        for x, t in self.tid.items():
+            if x < m:
+                st_tid[x], st_comm[x] = t, self.comm[x]
+        tid = np.empty(len(cpu), dtype=np.int64)
+        comm = np.empty(len(cpu), dtype=np.int32)
+        arr = np.ascontiguousarray
+        carry(arr(cpu, np.int64), arr(is_switch).view(np.uint8), arr(prev[0], np.int64), arr(prev[1], np.int32),
+              arr(nxt[0], np.int64), arr(nxt[1], np.int32), st_tid, st_comm, tid, comm)  # fmt: skip
+        for x in np.flatnonzero(np.bincount(cpu[is_switch & (cpu >= 0)], minlength=m)).tolist():
+            self.tid[x], self.comm[x] = int(st_tid[x]), int(st_comm[x])
+        return tid, comm
+
+    def _derive_numpy(self, cpu: np.ndarray, is_switch: np.ndarray, prev: tuple, nxt: tuple) -> tuple:
         n = len(cpu)
         prev_tid, prev_comm = prev
         next_tid, next_comm = nxt

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """The CTF reader's compiled core, ahead of time: tracesynth.io.ctf.fast's numba kernels (`_read_int`,
-`_leb`, `_data`, `_run`, `intern`, `first_seen`) in Cython, with the same signatures, statuses and
+`_leb`, `_data`, `_run`, `intern`, `first_seen`, `carry`) in Cython, with the same signatures, statuses and
 columns. Built with the package (setup.py, optional: without a compiler numba or Python reads).
 
 Bounds: every byte read is checked against `lim` as the numba kernels check it (lim is within the
@@ -19,7 +19,7 @@ cdef enum:
 cdef enum:
     OK, FULL, BAD
 
-ABI = 1  # fast.py refuses a build of another ABI (a stale extension beside newer sources)
+ABI = 2  # fast.py refuses a build of another ABI (a stale extension beside newer sources)
 OPCODES = (END, ALIGN, SKIP, INT, LEB, CSTR, BYTES, SKIPN, JIN, JMP, FAIL, CLOCK, SETID, OUT, OUTS, LOOP, NEXT)
 STATUSES = (OK, FULL, BAD)
 
@@ -327,3 +327,37 @@ def first_seen(const int32_t[:] codes, int64_t k):
                 m += 1
             out[i] = remap[c]
     return out_a, order_a[:m]
+
+
+def carry(const int64_t[::1] key, const uint8_t[::1] mark, const int64_t[::1] at, const int32_t[::1] at2,
+          const int64_t[::1] after, const int32_t[::1] after2, int64_t[::1] state, int32_t[::1] state2,
+          int64_t[::1] out, int32_t[::1] out2):
+    """Per key (a CPU; -1 for none) the pair (value, value2) set by its latest marked row, carried
+    from `state`/`state2` (indexed by key, updated in place): a marked row (a sched_switch) gets its
+    own `at`/`at2` (the task switching out) and sets the key's state to `after`/`after2` (the task
+    switching in); any other row gets the key's state; a row without a key gets -1."""
+    cdef Py_ssize_t n = key.shape[0], i
+    cdef int64_t k, top = -1
+    if not (mark.shape[0] == at.shape[0] == at2.shape[0] == after.shape[0] == after2.shape[0] == out.shape[0]
+            == out2.shape[0] == n):
+        raise ValueError("carry's row arrays differ in length")
+    with nogil:  # the keys index the state: checked first
+        for i in range(n):
+            if key[i] > top:
+                top = key[i]
+    if top >= state.shape[0] or top >= state2.shape[0]:
+        raise ValueError("a key past the end of the state")
+    with nogil:
+        for i in range(n):
+            k = key[i]
+            if k < 0:
+                out[i] = -1
+                out2[i] = -1
+            elif mark[i]:
+                out[i] = at[i]
+                out2[i] = at2[i]
+                state[k] = after[i]
+                state2[k] = after2[i]
+            else:
+                out[i] = state[k]
+                out2[i] = state2[k]

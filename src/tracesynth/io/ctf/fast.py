@@ -10,7 +10,7 @@ generated Python decoder (tracesynth.io.ctf.decode). At run time any status but 
 makes the caller decode the rest of the stream file with that Python decoder, which then
 reports the damage exactly as it always has.
 
-The interpreter (`_run`, with `_data`, `_read_int`, `_leb`, and `intern`, `first_seen`) exists
+The interpreter (`_run`, with `_data`, `_read_int`, `_leb`, and `intern`, `first_seen`, `carry`) exists
 twice, with the same signatures and results: ahead of time in Cython (tracesynth.io.ctf._core,
 built with the package where a C compiler is; loads in about a millisecond) and in this file for
 numba (imported and its cache loaded on first use: about half a second and 150 MB of a process's
@@ -564,8 +564,28 @@ def first_seen(codes, k):  # noqa: ANN001, ANN201 - numba-compiled
     return out, order[:m]
 
 
+def carry(key, mark, at, at2, after, after2, state, state2, out, out2):  # noqa: ANN001, ANN201 - numba-compiled
+    """Per key (a CPU; -1 for none) the pair (value, value2) set by its latest marked row, carried
+    from `state`/`state2` (indexed by key, updated in place): a marked row (a sched_switch) gets its
+    own `at`/`at2` (the task switching out) and sets the key's state to `after`/`after2` (the task
+    switching in); any other row gets the key's state; a row without a key gets -1."""
+    for i in range(len(key)):
+        k = key[i]
+        if k < 0:
+            out[i] = -1
+            out2[i] = -1
+        elif mark[i]:
+            out[i] = at[i]
+            out2[i] = at2[i]
+            state[k] = after[i]
+            state2[k] = after2[i]
+        else:
+            out[i] = state[k]
+            out2[i] = state2[k]
+
+
 CORES = ("cython", "numba", "python")
-_ABI = 1  # tracesynth.io.ctf._core.ABI this file expects (a stale build is not used)
+_ABI = 2  # tracesynth.io.ctf._core.ABI this file expects (a stale build is not used)
 # per choice ("auto" or a core): its kernels, or None; "k": the kernels of the latest read
 _KERNELS: dict[str, Any] = {}
 
@@ -624,7 +644,9 @@ def _load(name: str) -> tuple[SimpleNamespace | None, str]:
             return None, ""
         if tuple(core.OPCODES) != tuple(range(NEXT + 1)) or tuple(core.STATUSES) != (OK, FULL, BAD):
             return None, "cython: another instruction set"
-        k = SimpleNamespace(name="cython", run=core.run, intern=core.intern, first_seen=core.first_seen)
+        k = SimpleNamespace(
+            name="cython", run=core.run, intern=core.intern, first_seen=core.first_seen, carry=core.carry
+        )
     else:
         try:
             from numba import njit
@@ -634,7 +656,9 @@ def _load(name: str) -> tuple[SimpleNamespace | None, str]:
         g = globals()
         for fn in ("_read_int", "_leb", "_data"):  # _run calls them: they are compiled first
             g[fn] = jit(getattr(g[fn], "py_func", g[fn]))
-        k = SimpleNamespace(name="numba", run=jit(_run), intern=jit(intern), first_seen=jit(first_seen))
+        k = SimpleNamespace(
+            name="numba", run=jit(_run), intern=jit(intern), first_seen=jit(first_seen), carry=jit(carry)
+        )
     try:  # compiled (or loaded from numba's cache) here, once, rather than in the middle of a trace
         _warm_up(k)
     except Exception as exc:  # noqa: BLE001 - any failure: fall back, never crash a read
@@ -646,6 +670,8 @@ def _warm_up(k: SimpleNamespace) -> None:
     z8, z64 = np.frombuffer(bytes(8), dtype=np.uint8), np.zeros(1, dtype=np.int64)  # read-only, as a mapped file
     k.first_seen(np.zeros(1, dtype=np.int32), 1)
     k.intern(z8, z64, z64, np.zeros(1, dtype=np.uint8))
+    z32 = np.zeros(1, dtype=np.int32)  # carry's types as tracesynth.io.lttng passes them
+    k.carry(z64, np.zeros(1, dtype=np.uint8), z64, z32, z64, z32, z64.copy(), z32.copy(), z64.copy(), z32.copy())
     code = np.zeros((1, 5), dtype=np.int64)  # END at once: no event read
     cols = (
         z64.copy(),
