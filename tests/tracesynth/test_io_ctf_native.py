@@ -437,6 +437,18 @@ def test_cython_and_numba_cores_agree_on_damage(monkeypatch: pytest.MonkeyPatch,
     assert calls[-1][0] == fast.BAD
 
 
+def test_event_name_patterns_match_as_fnmatchcase() -> None:
+    """Literal names by a set lookup, wildcards by fnmatch's regex: the same answers as fnmatchcase."""
+    import fnmatch
+
+    from tracesynth.io.ctf.decode import _patterns
+
+    names = ["sched_switch", "syscall_exit_read", "compat_syscall_exit_x", "a[b]", "ab", "a?", "", "sched_switc"]
+    for pats in ([], ["sched_switch"], ["syscall_exit_*", "sched_switch"], ["a[[]b]", "a?"], ["*"], ["a[b]"]):
+        match = _patterns(pats)
+        assert [bool(match(n)) for n in names] == [any(fnmatch.fnmatchcase(n, p) for p in pats) for n in names]
+
+
 def test_carry_derives_threads_as_the_numpy_forward_fill(monkeypatch: pytest.MonkeyPatch, core: str) -> None:
     """read_lttng's per-CPU thread state through the core's `carry`, block by block, against the
     vectorised numpy fill it replaces: the same tid/comm of every row and the same state carried

@@ -112,9 +112,18 @@ class StreamDecoder:
     common: list[tuple] = field(default_factory=list)
 
 
+_WILDCARD = re.compile(r"[*?[]")  # fnmatch's special characters
+
+
 def _patterns(pats: Any) -> Any:
-    """A match function that is true where fnmatch.fnmatchcase is for one of `pats`."""
-    return re.compile("|".join(map(fnmatch.translate, pats)) if pats else "(?!)").match
+    """A match function that is true where fnmatch.fnmatchcase is for one of `pats`: names without a
+    wildcard by a set lookup (translating and compiling ~100 escaped event names took ~8 ms a read)."""
+    literal = frozenset(p for p in pats if not _WILDCARD.search(p))
+    wild = [p for p in pats if p not in literal]
+    if not wild:
+        return literal.__contains__
+    rx = re.compile("|".join(map(fnmatch.translate, wild))).match
+    return lambda name: name in literal or rx(name) is not None
 
 
 def _sources(tc: TraceClass, sc: StreamClass, wants: list[Want]) -> tuple[dict[int, list], dict, dict, dict]:
