@@ -179,8 +179,8 @@ def read_lttng(path: str | Path) -> Trace:
     comms = Vocab(nulls={"", NULL_COMM} if ours else {""})
     events = Vocab()
     state = _SchedState()
-    # compact numpy columns per block (~33 bytes an event); -1 marks nulls in cpu/tid/comm
-    parts: dict[str, list[Any]] = {k: [] for k in ("ts", "event", "cpu", "tid", "comm", "ret", "has_ret")}
+    # compact numpy columns (~33 bytes an event); -1 marks nulls in cpu/tid/comm
+    cols = _Columns(_event_bound(dirs))
     for batch in iter_ctf_batches(path, _fields(info)):
         n = batch.num_rows
         if n == 0:
@@ -196,19 +196,15 @@ def read_lttng(path: str | Path) -> Trace:
         ts = batch["ts"].to_numpy()
         # babeltrace2 merges streams in time order; check it here, block by block, instead of on the
         # whole table at the end (whose diff would double the peak memory)
-        before = np.concatenate([[parts["ts"][-1][-1] if parts["ts"] else ts[0]], ts[:-1]])
-        if (ts < before).any():  # compared, not subtracted: a difference may overflow int64
+        last = cols.last_ts() if cols.n else ts[0]
+        if ts[0] < last or (ts[1:] < ts[:-1]).any():  # compared, not subtracted: a difference may overflow int64
             raise TraceSynthError("timestamps go backwards in babeltrace2's output (corrupt trace?)", path)
-        parts["ts"].append(ts)
-        parts["event"].append(events.grow(event))
-        parts["cpu"].append(cpu.astype(np.int32))
-        parts["tid"].append(tid)
-        parts["comm"].append(comm)
-        parts["ret"].append(ret.fill_null(0).to_numpy(zero_copy_only=False))
-        parts["has_ret"].append(ret.is_valid().to_numpy(zero_copy_only=False))
-    if not parts["ts"]:
+        has_ret = ret.is_valid().to_numpy(zero_copy_only=False)
+        ret = ret.fill_null(0).to_numpy(zero_copy_only=False)
+        cols.append(ts=ts, event=events.grow(event), cpu=cpu, tid=tid, comm=comm, ret=ret, has_ret=has_ret)
+    if not cols.n:
         raise TraceSynthError("the trace holds no events", path)
-    table = pa.table(_arrays(parts, events, comms), schema=SCHEMA)
+    table = pa.table(_arrays(cols, events, comms), schema=SCHEMA)
     return normalise_legacy_syscalls(Trace(table, _trace_metadata(path, info), validate=False))
 
 
@@ -272,27 +268,61 @@ def _tid_comm(
     return tid, comm
 
 
-def _arrays(parts: dict[str, list[Any]], events: Vocab, comms: Vocab) -> list[pa.Array]:
-    """The table's columns in SCHEMA order from the blocks' parts, each column's blocks freed once it is built
-    (peak: blocks + one column)."""
+def _event_bound(dirs: list[Path]) -> int:
+    """Events the columns are first sized for: one per 8 bytes of stream data (an LTTng kernel event
+    takes 12 to 100), so a trace seldom outgrows them."""
+    size = sum(f.stat().st_size for d in dirs for f in d.iterdir() if f.is_file() and f.name != "metadata")
+    return size // 8 + 1
 
-    def column(name: str) -> np.ndarray:
-        arr = np.concatenate(parts[name])
-        parts[name] = []
-        return arr
+
+class _Columns:
+    """The table's numpy columns, each block written in place: buffers allocated once for the trace's
+    bound, never concatenated (a copy of every column) nor split in blocks. The pages past the rows
+    written are never touched, so they take address space, not memory; a longer trace doubles them."""
+
+    DTYPES = {"ts": np.int64, "event": np.int32, "cpu": np.int32, "tid": np.int64, "comm": np.int32,
+              "ret": np.int64, "has_ret": np.bool_}  # fmt: skip
+
+    def __init__(self, cap: int) -> None:
+        self.n = 0
+        self.bufs = {k: np.empty(cap, dtype=t) for k, t in self.DTYPES.items()}
+
+    def append(self, **cols: Any) -> None:
+        m = len(cols["ts"])
+        cap = len(self.bufs["ts"])
+        if self.n + m > cap:
+            cap = max(2 * cap, self.n + m)
+            for k, b in self.bufs.items():
+                grown = np.empty(cap, dtype=b.dtype)
+                grown[: self.n] = b[: self.n]
+                self.bufs[k] = grown
+        for k, v in cols.items():
+            self.bufs[k][self.n : self.n + m] = v
+        self.n += m
+
+    def last_ts(self) -> int:
+        return self.bufs["ts"][self.n - 1]
+
+    def take(self, name: str) -> np.ndarray:
+        """The column's rows (the buffer's pages past them are never touched)."""
+        return self.bufs.pop(name)[: self.n]
+
+
+def _arrays(cols: _Columns, events: Vocab, comms: Vocab) -> list[pa.Array]:
+    """The table's columns in SCHEMA order, zero-copy from the numpy columns."""
 
     def dict_column(codes: np.ndarray, vocab: Vocab) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(
             pa.array(codes, type=pa.int32(), mask=codes < 0), pa.array(vocab.values, type=pa.string())
         )
 
-    arrays = [pa.array(column("ts"), type=pa.int64()), dict_column(column("event"), events)]
+    arrays = [pa.array(cols.take("ts"), type=pa.int64()), dict_column(cols.take("event"), events)]
     for name, type_ in (("cpu", pa.int32()), ("tid", pa.int64())):
-        vals = column(name)
+        vals = cols.take(name)
         arrays.append(pa.array(vals, type=type_, mask=vals < 0))
-    arrays.append(dict_column(column("comm"), comms))
-    has_ret = column("has_ret")
-    arrays.append(pa.array(column("ret"), type=pa.int64(), mask=~has_ret))
+    arrays.append(dict_column(cols.take("comm"), comms))
+    has_ret = cols.take("has_ret")
+    arrays.append(pa.array(cols.take("ret"), type=pa.int64(), mask=~has_ret))
     return arrays
 
 
