@@ -130,7 +130,8 @@ def _open_streams(path: Path, wants: list[Want], words: list[dict[bytes, int]]) 
     for i, _, _, _, tc, decoders in found:
         if i not in programs:
             programs[i] = _programs(tc, decoders, wants) if big else {}
-    return [StreamFile(f, (i, k), tc, dec, programs[i], wants, words) for i, k, f, _, tc, dec in found]
+    buffers: dict = {}
+    return [StreamFile(f, (i, k), tc, dec, programs[i], wants, words, buffers) for i, k, f, _, tc, dec in found]
 
 
 def _programs(tc: TraceClass, decoders: dict, wants: list[Want]) -> dict[int, fast.Program | None]:

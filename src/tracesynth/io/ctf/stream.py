@@ -77,6 +77,10 @@ class StreamFile:
     programs: dict[int, fast.Program | None]
     wants: list[Any]
     words: list[dict[bytes, int]]  # per want, the strings seen so far (shared by a trace's streams)
+    # the column buffers by (registers, columns), shared by a read's stream files: a file's generator
+    # only pauses after its rows are copied out, and resets the buffers when it goes on (one set of
+    # buffers, warm in the cache, rather than one per stream file to allocate and fault in)
+    buffers: dict[tuple[int, int], _Out] = field(default_factory=dict, repr=False)
     decoder: StreamDecoder | None = None
     instance: int | None = None
     _plan: list | None = field(default=None, repr=False)
@@ -105,7 +109,12 @@ class StreamFile:
                     yield self._finish(out, buf)
                 yield from self._python_rest(mm, pos, clk0)
                 return
-            out = out or _Out(prog.nregs, prog.ncols, CHUNK)
+            if out is None:
+                key = (prog.nregs, prog.ncols)
+                if key not in self.buffers:
+                    self.buffers[key] = _Out(*key, CHUNK)
+                out = self.buffers[key]
+                out.reset()  # another file's rows, already copied out
             n0 = out.packets[-1][1] if out.packets else 0
             done = 0  # rows of this packet in chunks already yielded
             lim = pos + size // 8
