@@ -188,6 +188,19 @@ def test_threads_derived_from_sched_switch_without_context(tmp_path: Path) -> No
     assert back.column("ret").equals(trace.column("ret"))
 
 
+def test_columns_outgrowing_their_first_size_read_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace with more events than its bytes suggest: the column buffers grow, nothing is lost."""
+    from tracesynth.io import lttng as mod
+    from tracesynth.io.ctf import stream
+
+    trace = small_trace()
+    write_ctf(trace, tmp_path / "t", context=False)
+    ref = read_lttng(tmp_path / "t")
+    monkeypatch.setattr(stream, "CHUNK", 7)  # blocks of a few rows: the buffers grow again and again
+    monkeypatch.setattr(mod, "_event_bound", lambda dirs: 1)
+    assert read_lttng(tmp_path / "t").table.equals(ref.table)
+
+
 def test_reader_handles_babeltrace2_written_ctf(tmp_path: Path) -> None:
     """babeltrace2's own CTF sink writes a different layout (headers, packets): same table."""
     trace = small_trace()
