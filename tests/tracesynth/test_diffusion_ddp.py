@@ -48,7 +48,7 @@ def test_torchrun_two_cpu_processes_save_the_same_format(tmp_path: Path) -> None
     if not Path(torchrun).exists():
         pytest.skip("torchrun is not installed")
     small_trace().save(tmp_path / "real.parquet")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}  # torchrun's agent leaves a directory
     cmd = [torchrun, "--standalone", "--nproc-per-node=2", "-m", "tracesynth"]
     cmd += ["fit", str(tmp_path / "real.parquet"), "-o", str(tmp_path / "m2"), *ARGS]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)

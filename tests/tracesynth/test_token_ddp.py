@@ -31,7 +31,8 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
+def rank_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path_factory.mktemp("torchrun")))  # torchrun's agent leaves a directory
     n = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors on a shared CPU
     yield
