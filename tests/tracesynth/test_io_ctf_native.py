@@ -466,8 +466,9 @@ def test_carry_derives_threads_as_the_numpy_forward_fill(monkeypatch: pytest.Mon
         n = int(rng.integers(0, 400))
         cpu = rng.integers(-1, 4 + block, n)
         sw = rng.random(n) < 0.2
-        ids = [rng.integers(-1, 50, n), rng.integers(-1, 9, n).astype(np.int32)]
-        prev, nxt = (ids[0], ids[1]), (rng.integers(-1, 50, n), rng.integers(-1, 9, n).astype(np.int32))
+        m = int(sw.sum())  # the switches' (tid, comm), in row order
+        prev = (rng.integers(-1, 50, m), rng.integers(-1, 9, m).astype(np.int32))
+        nxt = (rng.integers(-1, 50, m), rng.integers(-1, 9, m).astype(np.int32))
         got = via_core.derive(cpu, sw, prev, nxt)
         want = via_numpy._derive_numpy(cpu, sw, prev, nxt)
         assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want, strict=True))

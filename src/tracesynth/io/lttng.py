@@ -80,8 +80,9 @@ class _SchedState:
         self.names: dict[int, int] = {}
 
     def derive(self, cpu: np.ndarray, is_switch: np.ndarray, prev: tuple, nxt: tuple) -> tuple[np.ndarray, np.ndarray]:
-        """tid/comm of each row of one block from sched_switch (a per-CPU forward fill): one pass of the
-        compiled CTF core's `carry` where a read loaded it, else vectorised numpy (same result)."""
+        """tid/comm of each row of one block from sched_switch (a per-CPU forward fill; `prev`/`nxt`: the
+        switches' (tid, comm) in row order): one pass of the compiled CTF core's `carry` where a read
+        loaded it, else vectorised numpy (same result)."""
         from tracesynth.io.ctf import fast  # here: the babeltrace2 path need not import the native reader
 
         k = fast.loaded()
@@ -108,8 +109,14 @@ class _SchedState:
 
     def _derive_numpy(self, cpu: np.ndarray, is_switch: np.ndarray, prev: tuple, nxt: tuple) -> tuple:
         n = len(cpu)
-        prev_tid, prev_comm = prev
-        next_tid, next_comm = nxt
+
+        def rows(vals: np.ndarray, dtype: type) -> np.ndarray:  # the switches' values on their rows
+            out = np.full(n, -1, dtype=dtype)
+            out[is_switch] = vals
+            return out
+
+        prev_tid, prev_comm = rows(prev[0], np.int64), rows(prev[1], np.int32)
+        next_tid, next_comm = rows(nxt[0], np.int64), rows(nxt[1], np.int32)
         order = np.argsort(cpu, kind="stable")  # rows grouped by CPU, time order kept inside
         c = cpu[order]
         pos = np.arange(n)
@@ -246,8 +253,10 @@ def _tid_comm(
 ) -> tuple[np.ndarray, np.ndarray]:
     """tid and comm codes of one block's rows: from the context fields where the trace has them, else derived
     from sched_switch (and, for comm with a tid context, from the names seen so far)."""
-    prev = (_ints(batch["prev_tid"]), comms.grow(batch["prev_comm"]))
-    nxt = (_ints(batch["next_tid"]), comms.grow(batch["next_comm"]))
+    # the switch fields of the switches alone (a tenth of the rows; null on the others)
+    sw = np.flatnonzero(is_switch)
+    prev = (_ints(batch["prev_tid"].take(sw)), comms.grow(batch["prev_comm"].take(sw)))
+    nxt = (_ints(batch["next_tid"].take(sw)), comms.grow(batch["next_comm"].take(sw)))
     if has_ctx_tid:
         tid = _ints(batch["ctx_tid"])
         tid[tid < 0] = -1
@@ -260,8 +269,8 @@ def _tid_comm(
         if not has_ctx_comm:
             if has_ctx_tid:
                 state.learn_names(_ints(batch["sd_tid"]), comms.grow(batch["sd_name"]))
-                state.learn_names(prev[0][is_switch], prev[1][is_switch])
-                state.learn_names(nxt[0][is_switch], nxt[1][is_switch])
+                state.learn_names(*prev)
+                state.learn_names(*nxt)
                 comm = state.lookup_names(tid)
             else:
                 comm = d_comm

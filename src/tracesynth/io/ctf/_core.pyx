@@ -19,7 +19,7 @@ cdef enum:
 cdef enum:
     OK, FULL, BAD
 
-ABI = 2  # fast.py refuses a build of another ABI (a stale extension beside newer sources)
+ABI = 3  # fast.py refuses a build of another ABI (a stale extension beside newer sources)
 OPCODES = (END, ALIGN, SKIP, INT, LEB, CSTR, BYTES, SKIPN, JIN, JMP, FAIL, CLOCK, SETID, OUT, OUTS, LOOP, NEXT)
 STATUSES = (OK, FULL, BAD)
 
@@ -333,31 +333,39 @@ def carry(const int64_t[::1] key, const uint8_t[::1] mark, const int64_t[::1] at
           const int64_t[::1] after, const int32_t[::1] after2, int64_t[::1] state, int32_t[::1] state2,
           int64_t[::1] out, int32_t[::1] out2):
     """Per key (a CPU; -1 for none) the pair (value, value2) set by its latest marked row, carried
-    from `state`/`state2` (indexed by key, updated in place): a marked row (a sched_switch) gets its
-    own `at`/`at2` (the task switching out) and sets the key's state to `after`/`after2` (the task
-    switching in); any other row gets the key's state; a row without a key gets -1."""
-    cdef Py_ssize_t n = key.shape[0], i
+    from `state`/`state2` (indexed by key, updated in place): the j-th marked row (a sched_switch)
+    gets `at[j]`/`at2[j]` (the task switching out) and sets its key's state to `after[j]`/`after2[j]`
+    (the task switching in); any other row gets its key's state; a row without a key gets -1."""
+    cdef Py_ssize_t n = key.shape[0], i, j = 0, marks = 0
     cdef int64_t k, top = -1
-    if not (mark.shape[0] == at.shape[0] == at2.shape[0] == after.shape[0] == after2.shape[0] == out.shape[0]
-            == out2.shape[0] == n):
+    if not (mark.shape[0] == out.shape[0] == out2.shape[0] == n):
         raise ValueError("carry's row arrays differ in length")
-    with nogil:  # the keys index the state: checked first
+    with nogil:  # the keys index the state and the marks the per-mark values: checked first
         for i in range(n):
             if key[i] > top:
                 top = key[i]
+            if mark[i]:
+                marks += 1
     if top >= state.shape[0] or top >= state2.shape[0]:
         raise ValueError("a key past the end of the state")
+    if not (at.shape[0] == at2.shape[0] == after.shape[0] == after2.shape[0] == marks):
+        raise ValueError("carry needs one value of each per marked row")
     with nogil:
         for i in range(n):
             k = key[i]
-            if k < 0:
+            if mark[i]:
+                if k < 0:
+                    out[i] = -1
+                    out2[i] = -1
+                else:
+                    out[i] = at[j]
+                    out2[i] = at2[j]
+                    state[k] = after[j]
+                    state2[k] = after2[j]
+                j += 1
+            elif k < 0:
                 out[i] = -1
                 out2[i] = -1
-            elif mark[i]:
-                out[i] = at[i]
-                out2[i] = at2[i]
-                state[k] = after[i]
-                state2[k] = after2[i]
             else:
                 out[i] = state[k]
                 out2[i] = state2[k]

@@ -566,26 +566,32 @@ def first_seen(codes, k):  # noqa: ANN001, ANN201 - numba-compiled
 
 def carry(key, mark, at, at2, after, after2, state, state2, out, out2):  # noqa: ANN001, ANN201 - numba-compiled
     """Per key (a CPU; -1 for none) the pair (value, value2) set by its latest marked row, carried
-    from `state`/`state2` (indexed by key, updated in place): a marked row (a sched_switch) gets its
-    own `at`/`at2` (the task switching out) and sets the key's state to `after`/`after2` (the task
-    switching in); any other row gets the key's state; a row without a key gets -1."""
+    from `state`/`state2` (indexed by key, updated in place): the j-th marked row (a sched_switch)
+    gets `at[j]`/`at2[j]` (the task switching out) and sets its key's state to `after[j]`/`after2[j]`
+    (the task switching in); any other row gets its key's state; a row without a key gets -1."""
+    j = 0
     for i in range(len(key)):
         k = key[i]
-        if k < 0:
+        if mark[i]:
+            if k < 0:
+                out[i] = -1
+                out2[i] = -1
+            else:
+                out[i] = at[j]
+                out2[i] = at2[j]
+                state[k] = after[j]
+                state2[k] = after2[j]
+            j += 1
+        elif k < 0:
             out[i] = -1
             out2[i] = -1
-        elif mark[i]:
-            out[i] = at[i]
-            out2[i] = at2[i]
-            state[k] = after[i]
-            state2[k] = after2[i]
         else:
             out[i] = state[k]
             out2[i] = state2[k]
 
 
 CORES = ("cython", "numba", "python")
-_ABI = 2  # tracesynth.io.ctf._core.ABI this file expects (a stale build is not used)
+_ABI = 3  # tracesynth.io.ctf._core.ABI this file expects (a stale build is not used)
 # per choice ("auto" or a core): its kernels, or None; "k": the kernels of the latest read
 _KERNELS: dict[str, Any] = {}
 
@@ -671,7 +677,7 @@ def _warm_up(k: SimpleNamespace) -> None:
     k.first_seen(np.zeros(1, dtype=np.int32), 1)
     k.intern(z8, z64, z64, np.zeros(1, dtype=np.uint8))
     z32 = np.zeros(1, dtype=np.int32)  # carry's types as tracesynth.io.lttng passes them
-    k.carry(z64, np.zeros(1, dtype=np.uint8), z64, z32, z64, z32, z64.copy(), z32.copy(), z64.copy(), z32.copy())
+    k.carry(z64, np.ones(1, dtype=np.uint8), z64, z32, z64, z32, z64.copy(), z32.copy(), z64.copy(), z32.copy())
     code = np.zeros((1, 5), dtype=np.int64)  # END at once: no event read
     cols = (
         z64.copy(),
