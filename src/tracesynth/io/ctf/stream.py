@@ -244,21 +244,17 @@ def release_free_memory() -> None:
         pass
 
 
-def _cat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.concatenate([a, b]) if len(a) else b
-
-
 class _Pending:
-    """A stream being muxed: its chunk iterator and the rows read but not yet emitted."""
+    """A stream being muxed: its chunk iterator and the rows read but not yet emitted, kept as the
+    chunks they came in (joined once, with the other streams' rows, when they are emitted)."""
 
     def __init__(self, sf: StreamFile, to_ns: Any) -> None:
         self.sf = sf
         self.it = sf.chunks()
         self.to_ns = to_ns  # (stream file, raw clock values) -> ns, or None without a clock
         self.done = False
-        self.ts = np.zeros(0, dtype=np.int64)
-        self.ids = np.zeros(0, dtype=np.int64)
-        self.cols: list[tuple[np.ndarray, np.ndarray]] = []
+        self.pieces: list[tuple[np.ndarray | None, np.ndarray, list]] = []  # (ts, ids, cols)
+        self.n = 0
 
     def pull(self) -> None:
         """Read the next chunk (or mark the stream done)."""
@@ -271,20 +267,36 @@ class _Pending:
             return
         except CtfDecodeError as exc:
             raise TraceSynthError(f"cannot read this trace (truncated or corrupt?): {exc}", self.sf.path) from None
-        ts = self.to_ns(self.sf, c.raw)
-        if ts is not None:
-            self.ts = _cat(self.ts, ts)
-        self.ids = _cat(self.ids, c.ids)
-        if not self.cols:
-            self.cols = c.cols
-        else:
-            self.cols = [(_cat(v, v1), _cat(ok, ok1)) for (v, ok), (v1, ok1) in zip(self.cols, c.cols, strict=True)]
+        if len(c.ids):
+            self.pieces.append((self.to_ns(self.sf, c.raw), c.ids, c.cols))
+            self.n += len(c.ids)
 
-    def take(self, k: int) -> tuple[np.ndarray, np.ndarray, list]:
-        """The first k pending rows (ts, ids, cols), removed."""
-        out = (self.ts[:k], self.ids[:k], [(v[:k], ok[:k]) for v, ok in self.cols])
-        self.ts, self.ids = self.ts[k:], self.ids[k:]
-        self.cols = [(v[k:], ok[k:]) for v, ok in self.cols]
+    def last_ts(self) -> int:
+        return int(self.pieces[-1][0][-1])
+
+    def before(self, w: int) -> int:
+        """How many pending rows come before the first one at or after w."""
+        k = 0
+        for ts, _, _ in self.pieces:
+            ahead = ts >= w
+            if ahead.any():
+                return k + int(ahead.argmax())
+            k += len(ts)
+        return k
+
+    def take(self, k: int) -> list[tuple]:
+        """The first k pending rows, as pieces (ts, ids, cols), removed."""
+        out = []
+        self.n -= k
+        while k:
+            ts, ids, cols = self.pieces[0]
+            if k >= len(ids):
+                out.append(self.pieces.pop(0))
+                k -= len(ids)
+                continue
+            out.append((None if ts is None else ts[:k], ids[:k], [(v[:k], ok[:k]) for v, ok in cols]))
+            self.pieces[0] = (None if ts is None else ts[k:], ids[k:], [(v[k:], ok[k:]) for v, ok in cols])
+            k = 0
         return out
 
 
@@ -317,33 +329,31 @@ def mux(files: list[StreamFile], to_ns: Any, names: dict[str, int]) -> Iterator[
             luts.append((eids, code))
     if any(s.to_ns(s.sf, np.zeros(0, dtype=np.uint64)) is None for s in pend):  # one stream after the other
         for r, s in enumerate(pend):
-            while len(s.ids) or not s.done:
-                if len(s.ids):
-                    yield _merge([(r, s.take(len(s.ids)))], luts, True)
+            while s.n or not s.done:
+                if s.n:
+                    yield _merge([(r, p) for p in s.take(s.n)], luts, True)
                 if not s.done:
                     s.pull()
         return
     while True:
         for s in pend:
-            while not s.done and not len(s.ids):
+            while not s.done and not s.n:
                 s.pull()
         live = [s for s in pend if not s.done]
         # every row before w is final: no stream still being read can hold an earlier one
-        w = min(int(s.ts[-1]) for s in live) if live else None
+        w = min(s.last_ts() for s in live) if live else None
         parts = []
         for r, s in enumerate(pend):
-            if len(s.ids):
-                ahead = s.ts >= w if w is not None else np.zeros(len(s.ids), dtype=bool)
-                k = int(ahead.argmax()) if ahead.any() else len(s.ids)
-                if k:
-                    parts.append((r, s.take(k)))
+            if s.n:
+                k = s.before(w) if w is not None else s.n
+                parts += [(r, p) for p in s.take(k)]
         if parts:
             yield _merge(parts, luts, False)
         elif not live:
             return
         else:
             for s in live:
-                if int(s.ts[-1]) == w:
+                if s.last_ts() == w:
                     s.pull()
 
 
