@@ -202,8 +202,7 @@ class StreamFile:
                 [reg.setdefault(buf[offs[f] : offs[f] + lens[f]].tobytes(), len(reg)) for f in first.tolist()],
                 dtype=np.int32,
             )
-            codes = np.full(n, -1, dtype=np.int32)
-            codes[valid] = lut[local[valid]]
+            codes = np.append(lut, np.int32(-1))[local]  # local is -1 where not valid: code -1
             cols.append((codes, valid))
         self._packet_columns(out.packets, ids, cols)
         return Chunk(out.ts[:n].copy(), ids, cols)
