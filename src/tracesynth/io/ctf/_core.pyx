@@ -260,15 +260,18 @@ def run(const uint8_t[::1] buf, int64_t base, int64_t lim, int64_t p, int64_t en
 def intern(const uint8_t[::1] buf, const int64_t[:] offs, const int64_t[:] lens, const uint8_t[:] valid):
     """Codes (first-seen order, -1 where not valid) of the byte strings buf[off:off+len], and the
     (offset, length) of each distinct one."""
-    cdef Py_ssize_t n = offs.shape[0], size = 64, i, slot
+    cdef Py_ssize_t n = offs.shape[0], size = 64, i, slot, nvalid = 0
     cdef int64_t o, m, j, c, f, k = 0
     cdef uint64_t h
     cdef bint same
-    while size < 2 * n:
+    for i in range(n):  # the table for the strings there are (a column is mostly empty rows)
+        if valid[i]:
+            nvalid += 1
+    while size < 2 * nvalid:
         size *= 2
     table_a = np.full(size, -1, dtype=np.int64)
     codes_a = np.full(n, -1, dtype=np.int32)
-    first_a = np.zeros(n, dtype=np.int64)
+    first_a = np.zeros(nvalid, dtype=np.int64)
     cdef int64_t[::1] table = table_a
     cdef int32_t[::1] codes = codes_a
     cdef int64_t[::1] first = first_a

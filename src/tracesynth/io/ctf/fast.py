@@ -508,12 +508,16 @@ def intern(buf, offs, lens, valid):  # noqa: ANN001, ANN201 - numba-compiled
     """Codes (first-seen order, -1 where not valid) of the byte strings buf[off:off+len], and the
     (offset, length) of each distinct one."""
     n = len(offs)
+    nvalid = 0
+    for i in range(n):  # the table for the strings there are (a column is mostly empty rows)
+        if valid[i]:
+            nvalid += 1
     size = 64
-    while size < 2 * n:
+    while size < 2 * nvalid:
         size *= 2
     table = np.full(size, -1, dtype=np.int64)
     codes = np.full(n, -1, dtype=np.int32)
-    first = np.zeros(n, dtype=np.int64)
+    first = np.zeros(nvalid, dtype=np.int64)
     k = 0
     for i in range(n):
         if not valid[i]:
