@@ -279,9 +279,10 @@ def _tid_comm(
 
 def _event_bound(dirs: list[Path]) -> int:
     """Events the columns are first sized for: one per 8 bytes of stream data (an LTTng kernel event
-    takes 12 to 100), so a trace seldom outgrows them."""
+    takes 12 to 100), so a trace seldom outgrows them; at most 2**26 (a buffer no bigger than 512 MB
+    to reserve: a longer trace grows them)."""
     size = sum(f.stat().st_size for d in dirs for f in d.iterdir() if f.is_file() and f.name != "metadata")
-    return size // 8 + 1
+    return min(size // 8 + 1, 1 << 26)
 
 
 class _Columns:
