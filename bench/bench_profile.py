@@ -114,6 +114,12 @@ def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[fl
                 f"saved); device-s {savings(plan, store, predicted).describe()}; {len(tr.uncovered)} signatures "
                 f"of kinds never profiled here measured"
             )
+            for policy in ("check", "none"):
+                cal = savings(plan, store, predicted, calibration=policy)
+                print(
+                    f"    --calibrate {policy}: {cal.saved_pct:.1f}% saved with calibration counted "
+                    f"({cal.with_reuse_s:.1f} vs {cal.without_reuse_s:.1f}), {cal.saved_pct_uncalibrated:.1f}% without"
+                )
 
 
 def score(rows, preds) -> dict[str, float]:  # type: ignore[no-untyped-def]
