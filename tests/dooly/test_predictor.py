@@ -293,3 +293,14 @@ def test_an_unknown_method_is_one_error_naming_the_known_ones(tmp_path: Path) ->
         SignatureModel(("requests",), [({"requests": 1}, 1e-6)], "tree")
     with pytest.raises(DoolyError, match=r"^unknown predictor method 'tree' \(known: auto, interp, forest\)$"):
         Predictor.for_model("smollm2-135m", tmp_path / "none.db", method="tree")
+
+
+def test_a_pipeline_stage_is_calibrated_at_half_depth_only_where_each_stage_keeps_a_layer() -> None:
+    """At half depth a 2-layer model has one layer, so its second pipeline stage would have none (vLLM then
+    builds no layer its KV cache could serve): that stage is calibrated at its full depth alone."""
+    from dooly.profile.calibrate import calibration_variants
+
+    two, four = tiny_config("tiny-a", layers=2), tiny_config("tiny-a", layers=4)
+    assert list(calibration_variants("m", two)) == ["m", "m#layers1"]
+    assert list(calibration_variants("m", two, stages=2)) == ["m"]
+    assert list(calibration_variants("m", four, stages=2)) == ["m", "m#layers2"]

@@ -85,11 +85,12 @@ def calibration_needs(
     return out
 
 
-def calibration_variants(name: str, config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The model and, when it has two layers or more, the model at half its depth (``NAME#layersK``)."""
+def calibration_variants(name: str, config: Mapping[str, Any], stages: int = 1) -> dict[str, dict[str, Any]]:
+    """The model and, when half its depth still gives each of its ``stages`` pipeline stages a layer, the model
+    at half its depth (``NAME#layersK``)."""
     variants = {name: dict(config)}
     depth = num_layers(config) or 0
-    if depth >= 2:
+    if depth >= 2 * stages:
         variants[f"{name}#layers{depth // 2}"] = at_depth(config, depth // 2)
     return variants
 
@@ -148,7 +149,7 @@ def calibrate(
     import torch
 
     shapes = shapes_within(shapes or CALIBRATION_SHAPES, max_positions(config))
-    variants = calibration_variants(name, config)
+    variants = calibration_variants(name, config, stages=getattr(engine, "pp", 1))
     for variant, cfg in variants.items():
         store.put_trace("config", variant, "config", canonical_json(cfg))
         # traced here, where the store is writable: the overhead fit reads every variant's trace, and commands
