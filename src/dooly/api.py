@@ -647,15 +647,7 @@ def simulate(
         mem = memory_model(spec, memory_gb * tp * pp, gpu_util, dtype, kv_cache_dtype, activation_gb, engine)
     cfg = sched_config(max_seqs, max_tokens, chunked, block_size, DEFAULT_KV_BLOCKS)
     kv = _size_kv_cache(cfg, mem, kv_blocks, hooks.report)
-    if pp > 1:
-        warm_traces(spec, db, engine, dtype, tp, pp)
-    stages, _ = stage_latency_models(spec, db, dtype, None, engine, shape, tp, pp, log=hooks.report)
-    latency = replica_latency(stages)
-    if tp > 1 or pp > 1:
-        for s, pred in enumerate(stages):
-            hooks.report((f"stage {s}: " if pp > 1 else "") + collectives_line(pred, cfg))
-        for note in dict.fromkeys(n for pred in stages for n in pred.collective_notes):
-            hooks.report(f"collectives: {note}")
+    latency, _ = replica_latency_model(spec, db, dtype, None, engine, shape, tp, pp, cfg, hooks.report)
     args: dict[str, Any] = dict(model=str(model), workload_spec=workload, workload=w, latency=latency, kv=kv)
     args.update(memory=mem, replicas=replicas, router=router, router_seed=router_seed)
     if sweep:
@@ -672,6 +664,32 @@ def simulate(
     elif output:
         study.result.metrics.save_csv(output)
     return study
+
+
+def replica_latency_model(
+    spec: str | ModelSpec,
+    db: Path,
+    dtype: str,
+    threads: int | None,
+    engine: str,
+    shape: bool,
+    tp: int,
+    pp: int,
+    cfg: SchedulerConfig,
+    report: Callable[[str], object],
+) -> tuple[Any, str]:
+    """The simulator's latency model of a ``tp`` x ``pp`` replica (`dooly simulate` and `validate-serving`): the
+    stages' predictors (traces warmed first with stages), each parallel rank's collectives' share reported; and
+    the engine that profiled the ops."""
+    if pp > 1:
+        warm_traces(spec, db, engine, dtype, tp, pp)
+    stages, used = stage_latency_models(spec, db, dtype, threads, engine, shape, tp, pp, log=report)
+    if tp > 1 or pp > 1:
+        for s, pred in enumerate(stages):
+            report((f"stage {s}: " if pp > 1 else "") + collectives_line(pred, cfg))
+        for note in dict.fromkeys(n for pred in stages for n in pred.collective_notes):
+            report(f"collectives: {note}")
+    return replica_latency(stages), used
 
 
 def kv_devices(model: str | ModelSpec, tp: int) -> int:
@@ -738,6 +756,8 @@ def validate_serving(
     device: str = "cpu",
     save: bool = True,
     hooks: ServeHooks | None = None,
+    tp: int = 1,
+    pp: int = 1,
 ) -> tuple[dict[str, Any], Path | None]:
     """`dooly validate-serving`: serve ``workload`` on the real engine ``real_runs`` times, simulate it from the
     profiles in ``db``, and score the simulation; returns the payload and where it was saved beside the DB
@@ -746,7 +766,11 @@ def validate_serving(
     HF engines serve in-process at the scheduler settings given (``kv_blocks`` blocks of ``block_size``, default
     16), timed with ``clock`` (default: the profiles' clock); ``engine="vllm"`` starts the real `vllm serve` on
     its CPU backend (KV cache ``cpu_kvcache_gb`` GiB, blocks of 128 by default) after ``warmup_runs`` unscored.
-    ``threads``: the engine's torch threads (default: $DOOLY_THREADS or 1, as the profiler)."""
+    ``threads``: the engine's torch threads (default: $DOOLY_THREADS or 1, as the profiler), per rank.
+    ``tp`` / ``pp`` > 1 (vllm): a real ``tp`` x ``pp`` replica, ``threads`` cores per rank, simulated with the
+    replica's predictor as `dooly simulate --tp --pp` builds it (the DB must hold the ranks' profiles)."""
+    import os
+
     from dooly.profile import default_clock, default_threads
     from dooly.report import save_result
 
@@ -754,12 +778,23 @@ def validate_serving(
     threads = threads if threads is not None else default_threads()
     spec = resolved(model)  # the predictor, the served model and the server's config all read this one
     stem = Path(str(model)).stem
+    if tp * pp > 1:
+        flag = f"--tp {tp} --pp {pp}"
+        if engine != "vllm":
+            raise DoolyError(f"validate-serving {flag} serves a parallel replica with `vllm serve`: give --engine vllm")
+        cores = len(os.sched_getaffinity(0))
+        if tp * pp * threads > cores:
+            raise DoolyError(
+                f"validate-serving {flag}: {tp * pp} ranks of {threads} thread(s) need {tp * pp * threads} cores, "
+                f"dooly has {cores} here"
+            )
     if engine == "vllm":
         if device != "cpu":
             raise DoolyError("validate-serving --engine vllm serves with vLLM's CPU backend; drop --device")
         limits = (max_seqs, max_tokens, block_size or VLLM_BLOCK_SIZE, cpu_kvcache_gb)
-        payload = _validate_vllm(spec, db, workload, limits, threads, dtype, real_runs, warmup_runs, hooks)
-        name = f"validation-{stem}-vllm{max_tokens}-seqs{max_seqs}"
+        run = (real_runs, warmup_runs, tp, pp)
+        payload = _validate_vllm(spec, db, workload, limits, threads, dtype, run, hooks)
+        name = f"validation-{stem}-vllm{max_tokens}-seqs{max_seqs}" + (f"-tp{tp}pp{pp}" if tp * pp > 1 else "")
     else:
         clock = clock if clock is not None else default_clock(device, threads)
         cfg = sched_config(max_seqs, max_tokens, chunked, block_size or 16, kv_blocks)
@@ -837,27 +872,54 @@ def _validate_vllm(
     limits: tuple[int, int, int, int],
     threads: int,
     dtype: str,
-    real_runs: int,
-    warmup_runs: int,
+    run: tuple[int, int, int, int],
     hooks: ServeHooks,
 ) -> dict[str, Any]:
     """The real `vllm serve` under vLLM's load generator vs the simulator running vLLM v1's scheduler (see
-    :mod:`dooly.serve.vllm_serving`); ``limits``: max seqs, max batched tokens, block size, KV-cache GiB."""
+    :mod:`dooly.serve.vllm_serving`); ``limits``: max seqs, max batched tokens, block size, KV-cache GiB (per
+    rank); ``run``: real runs, warm-up runs, tensor-parallel size, pipeline stages."""
     from dooly.serve.vllm_serving import ServeConfig, validate, vllm_available
-    from dooly.simulator import CachedLatency, parse_workload
+    from dooly.simulator import CachedLatency, PipelineLatency, parse_workload, vllm_v1_config
 
     why = vllm_available()
     if why:
         raise DoolyError(why)
     max_seqs, max_tokens, block_size, kvcache_gb = limits
+    real_runs, warmup_runs, tp, pp = run
     w = parse_workload(workload)
-    predictor, profiled_with = serving_latency_model(model, db, dtype, threads, "vllm", log=hooks.report)
-    blocks = vllm_cpu_kv_blocks(model, kvcache_gb, block_size, dtype)
+    # vLLM's CPU backend sets the space aside on every rank; a stage caches its own layers only (as `simulate`)
+    blocks = vllm_cpu_kv_blocks(model, kvcache_gb * kv_devices(model, tp) * pp, block_size, dtype)
+    cfg = vllm_v1_config(max_seqs, max_tokens, block_size, blocks)
+    try:
+        latency, profiled_with = replica_latency_model(
+            model, db, dtype, threads, "vllm", False, tp, pp, cfg, hooks.report
+        )
+    except DoolyError as exc:
+        if tp * pp == 1:
+            raise
+        raise DoolyError(_rank_profile_hint(str(exc), model, db, tp, pp)) from None
     longest = int((w.prompt + w.output).max())
     max_len = max(256, -(-longest // block_size) * block_size)  # the longest request, in whole blocks
-    serve_cfg = ServeConfig(max_seqs, max_tokens, block_size, kvcache_gb, dtype, threads, max_model_len=max_len)
-    latency = CachedLatency(predictor)
+    serve_cfg = ServeConfig(
+        max_seqs, max_tokens, block_size, kvcache_gb, dtype, threads, max_model_len=max_len, tp=tp, pp=pp
+    )
+    if not isinstance(latency, PipelineLatency):  # a pipeline caches each stage itself
+        latency = CachedLatency(latency)
     payload = validate(model, w, serve_cfg, blocks, latency, real_runs, log=hooks.log, warmup_runs=warmup_runs)
     payload["workload"] = workload
     payload["profiled_with"] = profiled_with
     return payload
+
+
+def _rank_profile_hint(message: str, model: str | ModelSpec, db: Path, tp: int, pp: int) -> str:
+    """``message`` with the `dooly profile` command it suggests replaced by the ones that profile the replica's
+    ranks (one per pipeline stage): the predictor's own hint names the one-device profile."""
+    import re
+
+    from dooly.core.zoo import ModelSpec
+    from dooly.db.store import profile_command
+
+    base = profile_command(model, db, model.name if isinstance(model, ModelSpec) else str(model))
+    flags = [f"--engine vllm --tp {tp}" + (f" --pp {pp} --pp-stage {s}" if pp > 1 else "") for s in range(pp)]
+    cmds = " and ".join(f"`{base} {f}`" for f in flags)
+    return re.sub(r"`dooly profile [^`]*`", lambda _: cmds, message)  # other errors (vLLM's refusals) as they are

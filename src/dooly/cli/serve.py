@@ -368,13 +368,29 @@ def validate_serving(
     ),
     engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=_ENGINE_HELP),
     device: str = typer.Option("cpu", "--device", help="hf-eager: cpu or cuda, as profiled (vLLM: its CPU backend)."),
+    tp: int = typer.Option(
+        1,
+        "--tp",
+        min=1,
+        help="vllm: serve a tensor-parallel replica (--tensor-parallel-size), --threads cores per rank; simulated as "
+        "`dooly simulate --tp` (after `dooly profile --engine vllm --tp N`).",
+    ),
+    pp: int = typer.Option(
+        1,
+        "--pp",
+        min=1,
+        help="vllm: pipeline stages of the replica (--pipeline-parallel-size), each of --tp ranks; simulated as "
+        "`dooly simulate --pp` (after `dooly profile --engine vllm --pp M --pp-stage S` for each stage).",
+    ),
 ) -> None:
     """Serve a workload with the real engine and compare TTFT/TPOT with the simulator's prediction."""
     kw = {"max_seqs": max_seqs, "max_tokens": max_tokens, "chunked": chunked, "block_size": block_size}
     kw |= {"kv_blocks": kv_blocks, "cpu_kvcache_gb": cpu_kvcache_gb, "threads": threads, "dtype": dtype}
     kw |= {"clock": clock, "real_runs": real_runs, "warmup_runs": warmup_runs, "engine": engine, "device": device}
-    payload, path = api.validate_serving(model, db, workload=workload, **kw, hooks=_hooks())
+    payload, path = api.validate_serving(model, db, workload=workload, **kw, tp=tp, pp=pp, hooks=_hooks())
     print_validation(payload)
+    if "layout" in payload:
+        out.print(f"layout: {payload['layout']['describe']}")
     out.print(f"result: {path}")
 
 

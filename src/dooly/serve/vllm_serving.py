@@ -11,6 +11,9 @@
   always schedules, ``max_num_seqs``, ``max_num_batched_tokens``, block size) and a KV cache of
   ``VLLM_CPU_KVCACHE_SPACE`` GiB, prefix caching off (the simulator does not model it, and the second real
   run must not hit the first run's cache).
+* A parallel replica (``tp`` x ``pp``, :class:`ServeConfig`) is served by the real ``vllm serve
+  --tensor-parallel-size --pipeline-parallel-size``, each rank's OpenMP threads bound to cores of its own
+  (``VLLM_CPU_OMP_THREADS_BIND``, ranks separated by ``|``); the front end gets the cores left, if any.
 * :class:`VLLMServer` is a context manager: the server (its own session, since vLLM spawns an engine-core
   process and workers) is terminated on exit, on errors, on Ctrl-C and on SIGTERM; it runs under
   :mod:`dooly.engines._reaper`, which kills the whole session when dooly dies, SIGKILL included.
@@ -103,10 +106,20 @@ class ServeConfig:
     # the API server, its helper threads and the load generator on the cores the engine's OpenMP threads do
     # not use, so they never preempt the engine (bench/bench_vllm_serving.py measures both settings)
     pin_frontend: bool = True
+    tp: int = 1  # --tensor-parallel-size
+    pp: int = 1  # --pipeline-parallel-size
+
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.pp
+
+    def rank_cores(self) -> list[range]:
+        """Each rank's cores, ``threads`` apiece, in vLLM's rank order (stage x tp + tensor-parallel rank)."""
+        return [range(r * self.threads, (r + 1) * self.threads) for r in range(self.ranks)]
 
     def engine_cores(self) -> range:
-        """The cores vLLM binds the engine's OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND)."""
-        return range(self.threads)
+        """The cores vLLM binds the engine's OpenMP threads to, every rank's (VLLM_CPU_OMP_THREADS_BIND)."""
+        return range(self.threads * self.ranks)
 
     def frontend_cores(self) -> set[int] | None:
         """The cores for everything but the engine's OpenMP threads (None: leave affinity alone)."""
@@ -115,8 +128,27 @@ class ServeConfig:
         rest = set(os.sched_getaffinity(0)) - set(self.engine_cores())
         return rest or None
 
+    def omp_bind(self) -> str:
+        """VLLM_CPU_OMP_THREADS_BIND: each rank's cores, ranks separated by ``|`` ("0|1": two ranks, a core each)."""
+        return "|".join(_span(c) for c in self.rank_cores())
+
+    def layout(self) -> str:
+        """One line: the replica's ranks, their cores, and where the front end runs."""
+        ranks = ", ".join(f"rank {r} on {_cores(c)}" for r, c in enumerate(self.rank_cores()))
+        line = f"tp {self.tp} x pp {self.pp}: {ranks} (VLLM_CPU_OMP_THREADS_BIND={self.omp_bind()})"
+        if not self.pin_frontend:
+            return line + "; front end not pinned"
+        front = self.frontend_cores()
+        if front is None:  # not pinned onto a rank's core either: said, so the run is read knowing it
+            return line + "; front end and load generator: no core of their own (every core is a rank's), unpinned"
+        return line + f"; front end and load generator on {_cores(sorted(front))}"
+
     def args(self) -> list[str]:
         return [
+            "--tensor-parallel-size",
+            str(self.tp),
+            "--pipeline-parallel-size",
+            str(self.pp),
             "--load-format",
             "dummy",
             "--skip-tokenizer-init",
@@ -140,12 +172,10 @@ class ServeConfig:
         ]
 
     def env(self) -> dict[str, str]:
-        cores = self.engine_cores()
-        bind = str(cores[0]) if len(cores) == 1 else f"{cores[0]}-{cores[-1]}"
         env = dict(os.environ)
         env.update(
-            VLLM_CPU_KVCACHE_SPACE=str(self.kvcache_space_gb),
-            VLLM_CPU_OMP_THREADS_BIND=bind,
+            VLLM_CPU_KVCACHE_SPACE=str(self.kvcache_space_gb),  # per rank
+            VLLM_CPU_OMP_THREADS_BIND=self.omp_bind(),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
@@ -154,6 +184,18 @@ class ServeConfig:
             VLLM_LOGGING_LEVEL="INFO",
         )
         return env
+
+
+def _span(cores) -> str:  # type: ignore[no-untyped-def]
+    """Sorted core ids as vLLM's lists spell them: "3", or "0-3" when contiguous, else "0,2"."""
+    cores = list(cores)
+    if len(cores) > 1 and cores[-1] - cores[0] == len(cores) - 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+def _cores(cores) -> str:  # type: ignore[no-untyped-def]
+    return f"core{'s' if len(cores) > 1 else ''} {_span(cores)}"
 
 
 def _free_port() -> int:
@@ -476,6 +518,7 @@ def validate(
     _check_servable(model, workload, config)
     with VLLMServer(model, config, workdir) as srv:
         log(f"vllm serve up in {srv.startup_s:.1f} s ({srv.base_url}, log {srv.log_path})")
+        log(f"layout: {config.layout()}")
         kv_tokens = srv.kv_cache_tokens()
         if kv_tokens is not None and kv_tokens != cfg.num_kv_blocks * cfg.block_size:
             log(f"note: vLLM reports {kv_tokens} KV tokens, the simulator sized {cfg.num_kv_blocks * cfg.block_size}")
@@ -496,6 +539,7 @@ def validate(
         "workload": workload.name,
         "config": cfg.label() + f" block={cfg.block_size} kv_blocks={cfg.num_kv_blocks}",
         "threads": config.threads,
+        "layout": {"tp": config.tp, "pp": config.pp, "omp_bind": config.omp_bind(), "describe": config.layout()},
         "clock": "wall",
         "percentiles": percentile_scores(pooled, sim.metrics, pooled_itl(sim.requests)),
         "table": request_rows(measured.metrics, sim.metrics),
@@ -530,7 +574,8 @@ def _check_servable(model: str | ModelSpec, workload: Workload, config: ServeCon
         )
     # the server would be killed while loading; the parameter count is the same in either engine
     name, model_cfg = resolve_model(model)
-    HFEagerEngine(dtype=config.dtype).check_weights_fit(model_cfg, int(config.kvcache_space_gb * 2**30), name)
+    kv_bytes = int(config.kvcache_space_gb * config.ranks * 2**30)  # each rank sets the space aside
+    HFEagerEngine(dtype=config.dtype).check_weights_fit(model_cfg, kv_bytes, name)
 
 
 def _bench_runs(
