@@ -313,6 +313,30 @@ def test_long_steps_print_a_line_at_least_once_a_minute_in_a_log(monkeypatch) ->
     ]
 
 
+def test_profiling_points_print_a_line_at_least_once_a_minute_in_a_log(monkeypatch) -> None:
+    import io
+    import time
+
+    from rich.console import Console
+
+    import dooly.cli.profile as cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=buf, force_terminal=False, width=200))
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    with cli._points_bar("profiling", 100) as advance:
+        for n, t in ((10, 30), (20, 65), (70, 90)):  # a job's points, when the job ends
+            now[0] = 1000.0 + t
+            advance(n)
+    lines = [ln.split(" ", 1)[1] for ln in buf.getvalue().splitlines()]
+    assert lines == [
+        "profiling: 0/100 points, 0s elapsed",
+        "profiling: 30/100 points, 1m05s elapsed, about 2m32s left",
+        "profiling: 100/100 points, 1m30s elapsed",
+    ]
+
+
 def test_calibration_reports_each_shape(tmp_path: Path) -> None:
     from dooly.db.store import ProfileStore
     from dooly.engines import get_engine

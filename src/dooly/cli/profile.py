@@ -76,8 +76,8 @@ class _Steps:
 
     EVERY_S = 60.0
 
-    def __init__(self, title: str) -> None:
-        self.title = title
+    def __init__(self, title: str, unit: str = "shapes") -> None:
+        self.title, self.unit = title, unit
         self.bar: Progress | None = None
         self.task = None
         self.t0 = self.last = 0.0
@@ -103,15 +103,16 @@ class _Steps:
         if self.bar is not None:
             if self.task is None:
                 self.task = self.bar.add_task(self.title, total=total)
-            self.bar.update(self.task, completed=done, total=total, description=f"{self.title}: {what}")
+            desc = f"{self.title}: {what}" if what else self.title
+            self.bar.update(self.task, completed=done, total=total, description=desc)
             return
         now = time.monotonic()
         if now - self.last < self.EVERY_S and 0 < done < total:
             return
         self.last, elapsed = now, now - self.t0
         left = f", about {_clock(elapsed / done * (total - done))} left" if 0 < done < total else ""
-        line = f"{time.strftime('%H:%M:%S')} {self.title}: {done}/{total} shapes, {_clock(elapsed)} elapsed{left}"
-        err.print(f"{line} ({what})", highlight=False, soft_wrap=True)
+        line = f"{time.strftime('%H:%M:%S')} {self.title}: {done}/{total} {self.unit}, {_clock(elapsed)} elapsed{left}"
+        err.print(f"{line} ({what})" if what else line, highlight=False, soft_wrap=True)
 
 
 def _fail_if(failed: list[str]) -> None:
@@ -206,11 +207,17 @@ def plan_cmd(
 
 @contextmanager
 def _points_bar(title: str, total: int) -> Iterator[Callable[[int], None]]:
-    """`profile`'s bar over the points to time."""
-    columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(TextColumn("[bold]{task.description}"), *columns, console=err) as bar:
-        task = bar.add_task(title, total=total)
-        yield lambda n: bar.advance(task, n)
+    """`profile`'s progress over the points to time (a bar on a terminal, else a line at least once a minute)."""
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        steps(done, total, "")
+
+    with _Steps(title, unit="points") as steps:
+        steps(0, total, "")
+        yield advance
 
 
 @app.command("profile")
