@@ -1,5 +1,5 @@
 """Bounds and progress of a sample: refuse up front an event count whose trace would not fit in memory, and
-show a progress bar (events done of the total, time left) while a long sample runs."""
+show a progress bar (events done of the total, time left) while a long sample runs, or plain lines in a log."""
 
 from __future__ import annotations
 
@@ -59,8 +59,32 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
+class LogLines:
+    """Progress where no bar can be drawn (a log, CI): a plain line at the first update, at least once a minute
+    after (`every` s), and at the last, with the time left."""
+
+    def __init__(self, label: str, total: int, unit: str, console: Any, every: float = 60.0, started: float = 0):
+        self.label, self.total, self.unit, self.console, self.every = label, total, unit, console, every
+        self.t0, self.last = started or time.monotonic(), -float("inf")  # started: a time.monotonic()
+
+    def __call__(self, done: float, extra: str = "") -> None:
+        now = time.monotonic()
+        if now - self.last < self.every and 0 < done < self.total:
+            return
+        self.last, elapsed = now, now - self.t0
+        left = f", about {_clock(elapsed / done * (self.total - done))} left" if 0 < done < self.total else ""
+        line = f"{time.strftime('%H:%M:%S')} {self.label}: {int(done):,}/{self.total:,} {self.unit}{extra}, "
+        self.console.print(line + f"{_clock(elapsed)} elapsed{left}", highlight=False, soft_wrap=True)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 class SampleProgress:
-    """The progress bar of a long sample: events done of the total, rate and time left (rich, on stderr).
+    """The progress bar of a long sample: events done of the total, rate and time left (rich, on stderr; in a
+    log, :class:`LogLines`).
 
     Only when asked for (`enabled`), and only once the sample has run `show_after` seconds, so a quick sample
     prints nothing. Use as a context manager and call `update(events_done)`."""
@@ -68,8 +92,9 @@ class SampleProgress:
     def __init__(self, total: int, enabled: bool, label: str = "sample", show_after: float = 2.0, console=None):
         self.total, self.enabled, self.label, self.show_after = total, enabled, label, show_after
         self.console = console
-        self.t0 = time.perf_counter()
+        self.t0 = time.monotonic()
         self.bar: Any = None
+        self.lines: LogLines | None = None
 
     def __enter__(self) -> SampleProgress:
         return self
@@ -77,15 +102,23 @@ class SampleProgress:
     def update(self, done: float) -> None:
         if not self.enabled:
             return
-        if self.bar is None:
-            if time.perf_counter() - self.t0 < self.show_after:
+        if self.bar is None and self.lines is None:
+            if time.monotonic() - self.t0 < self.show_after:
                 return
-            import rich.progress as rp
             from rich.console import Console
+
+            console = self.console or Console(stderr=True)
+            if not console.is_terminal:
+                self.lines = LogLines(self.label, self.total, "events", console, started=self.t0)
+        if self.lines is not None:
+            self.lines(min(done, self.total))
+            return
+        if self.bar is None:
+            import rich.progress as rp
 
             columns = (rp.TextColumn(f"[bold]{self.label}[/]"), rp.BarColumn(), rp.MofNCompleteColumn(),
                        rp.TextColumn("events"), rp.TimeElapsedColumn(), rp.TextColumn("eta"), rp.TimeRemainingColumn())
-            self.bar = rp.Progress(*columns, console=self.console or Console(stderr=True), transient=True)
+            self.bar = rp.Progress(*columns, console=console, transient=True)
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=self.total)
         self.bar.update(self.task, completed=min(int(done), self.total))

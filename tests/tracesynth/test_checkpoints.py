@@ -184,7 +184,7 @@ def test_sample_bounds_and_progress(tmp_path: Path, saved: Path) -> None:
         check_sample_size(0, "markov")
     from rich.console import Console
 
-    console = Console(file=io.StringIO())
+    console = Console(file=io.StringIO(), force_terminal=True)  # a bar (a log gets lines: the test below)
     with SampleProgress(100, True, show_after=0.0, console=console) as shown:
         shown.update(100)
     with SampleProgress(100, False, show_after=0.0, console=console) as hidden:  # not asked for: nothing at all
@@ -194,6 +194,28 @@ def test_sample_bounds_and_progress(tmp_path: Path, saved: Path) -> None:
     assert shown.bar.tasks[0].completed == 100 and hidden.bar is None and quick.bar is None
     r = tracesynth("sample", saved / "a", "--events", "10000000000", "-o", tmp_path / "s.parquet")
     assert "GiB of memory" in one_line_error(r) and not (tmp_path / "s.parquet").exists()
+
+
+def test_a_sample_in_a_log_prints_a_line_at_least_once_a_minute(monkeypatch) -> None:
+    """Off a terminal (a log, CI) no bar is drawn: a sample's progress is a line at the start, at least once a
+    minute after and at the end, with the time left."""
+    import time
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    with SampleProgress(1000, True, console=Console(file=buf, force_terminal=False, width=200)) as bar:
+        for done, t in ((100, 1), (200, 3), (400, 40), (500, 70), (1000, 90)):
+            now[0] = 1000.0 + t
+            bar.update(done)
+    lines = [ln.split(" ", 1)[1] for ln in buf.getvalue().splitlines()]
+    assert lines == [  # nothing before 2 s (a quick sample prints nothing)
+        "sample: 200/1,000 events, 3s elapsed, about 12s left",
+        "sample: 500/1,000 events, 1m10s elapsed, about 1m10s left",
+        "sample: 1,000/1,000 events, 1m30s elapsed",
+    ]
 
 
 @pytest.mark.parametrize("args", [["sample", "m", "--events", "0", "-o", "s"], ["sample", "m", "--events", "-5", "-o",

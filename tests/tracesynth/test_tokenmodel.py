@@ -97,6 +97,7 @@ def test_cli_fit_defaults_to_the_shipped_checkpoints_kind_and_recipe(tmp_path: P
     sqlite = str(REPO / "data" / "sqlite.parquet")
     r = CliRunner().invoke(app, ["fit", sqlite, "-o", str(tmp_path / "m"), "--steps", "1", "--threads", "1"])
     assert r.exit_code == 0, r.output
+    assert "fit: 1/1 steps, loss" in r.output  # off a terminal the bar is a plain line (at least once a minute)
     meta = json.loads((tmp_path / "m" / "config.json").read_text())
     assert meta["format"] == shipped["format"]
     for key in ("context", "d_model", "n_layers", "batch_size", "lr"):

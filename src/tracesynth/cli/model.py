@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from tracesynth.bounds import check_sample_size
+from tracesynth.bounds import LogLines, check_sample_size
 from tracesynth.cli.app import app, console
 from tracesynth.errors import TraceSynthError
 from tracesynth.generators import get_kind, load_generator, make_generator, saved_kind
@@ -238,6 +238,11 @@ def _fit_with_progress(gen, traces: list, start, **fit_args) -> None:
         TimeElapsedColumn(),
         TextColumn(limit),
     )
+    if not console.is_terminal:  # a log: a line at least once a minute (rank 0 alone, as the bar)
+        lines = LogLines("fit", gen.config.steps, "steps", console)
+        show = _is_main()
+        gen.fit(traces, progress=lambda step, loss: show and lines(step, f", loss {loss:.4f}"), init=start, **fit_args)
+        return
     with Progress(*columns, console=console, disable=not _is_main()) as bar:
         task = bar.add_task("fit", total=gen.config.steps, loss=float("nan"))
         gen.fit(traces, progress=lambda step, loss: bar.update(task, completed=step, loss=loss), init=start, **fit_args)
