@@ -464,11 +464,17 @@ def _calibrate_all(
     """Calibrate ``models`` in order under ``policy``; returns the device seconds of their forwards."""
     from dooly.core.zoo import resolve_model
     from dooly.profile import calibrate
-    from dooly.profile.calibrate import CHECK_SUFFIX, calibrated_models
+    from dooly.profile.calibrate import CHECK_SUFFIX, calibrate_replica, calibrated_models, replica_key
 
     spent = 0.0
     for m in models if policy != "none" else ():
         name, cfg = resolve_model(m)
+        if replica_key(name, engine) is not None:
+            tp = engine.tp  # type: ignore[attr-defined]
+            hooks.log(f"calibrating framework overhead on {name}'s replica ({tp} ranks, a process each)")
+            with hooks.steps(f"calibrating {name} at TP={tp}") as steps:
+                spent += calibrate_replica(name, cfg, store, engine, ctx, threads=threads, on_step=steps)
+            continue
         if policy == "check" and name not in calibrated_models(store, ctx):  # one begun resumes in full
             passed, why = check_calibration(m, db, store, engine, threads)
             spent += sum(f.cost_s for *_, f in store.forwards(ctx, name + CHECK_SUFFIX))
@@ -506,9 +512,10 @@ def profile_models(
     A model that cannot be traced is one line in the result's ``failed`` (the others go on); when none can,
     :class:`NothingToProfile` is raised and a DB this run created is removed. ``budget`` / ``budget_s`` leave
     the signatures the shape model predicts best unmeasured (see :func:`budget_triage`). ``tp`` > 1: rank 0 of
-    a tensor-parallel replica, its collectives timed between processes; not calibrated (in its own forward a
-    collective is a one-rank copy), its overhead is the one-device forwards' (``dooly profile`` without ``--tp``).
-    ``pp`` > 1: a rank of pipeline stage ``pp_stage`` (its send or receive timed between processes), likewise."""
+    a tensor-parallel replica, its collectives timed between processes; calibrated (``all`` or ``check``) on the
+    replica's own forwards, its ``tp`` ranks in processes of their own (:func:`calibrate_replica`). ``pp`` > 1: a
+    rank of pipeline stage ``pp_stage`` (its send or receive timed between processes); not calibrated, its
+    overhead is the one-device forwards' (``dooly profile`` without ``--pp``)."""
     from dooly.db.store import ProfileStore
     from dooly.profile import make_plan, run_plan, savings
 
@@ -517,10 +524,12 @@ def profile_models(
     engine_obj, threads = profiling_engine(engine, device, dtype, threads, tp, pp, pp_stage)
     grid_obj = grid_spec(grid)
     policy = calibration_policy(calibration)
-    if (tp > 1 or pp > 1) and policy != "none":
-        flag = f"--tp {tp}" if pp == 1 else f"--tp {tp} --pp {pp}"
-        hooks.log(f"{flag}: no calibration (--calibrate {policy} is for the one-device profile)")
+    if pp > 1 and policy != "none":
+        hooks.log(f"--tp {tp} --pp {pp}: no calibration (--calibrate {policy} is for the one-device profile)")
         policy = "none"
+    elif tp > 1 and policy == "check":  # no shared fit to check a replica against: each is its own
+        hooks.log(f"--tp {tp}: the replica is calibrated in full (a check needs a shared fit; replicas have none)")
+        policy = "all"
     if policy != "none":
         _check_weights_fit(specs, engine_obj)
     with ProfileStore(db) as store:

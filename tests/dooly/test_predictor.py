@@ -304,3 +304,43 @@ def test_a_pipeline_stage_is_calibrated_at_half_depth_only_where_each_stage_keep
     assert list(calibration_variants("m", two)) == ["m", "m#layers1"]
     assert list(calibration_variants("m", two, stages=2)) == ["m"]
     assert list(calibration_variants("m", four, stages=2)) == ["m", "m#layers2"]
+
+
+def test_a_tensor_parallel_replica_s_calibration_fits_its_ranks_alone(tmp_path: Path) -> None:
+    """A replica's forwards (``NAME@tp2``, :func:`calibrate_replica`) fit its rank's overhead and nothing else:
+    the one-device fit, the calibrated models and the savings never read them."""
+    import json
+
+    from test_profile_fixtures import seed_traces
+
+    from dooly.db.store import Measurement, ProfileStore
+    from dooly.engines import get_engine
+    from dooly.predict.overhead import fit_overhead
+    from dooly.profile import context_for, model_traces
+    from dooly.profile.calibrate import calibrated_models, replica_key
+
+    db, engine = tmp_path / "p.db", get_engine()
+    cfg = tiny_config("tiny-a", 128)
+    pts = {s.key: _grid_points(tuple(sorted(s.symbols()))) for tr in seed_traces(db, cfg).values() for s in tr.unique()}
+    ctx = context_for(engine, 1)
+    shapes = {"prefill": [{"requests": 1, "tokens": t} for t in (8, 32, 128)],
+              "decode": [{"requests": r, "kv_len": 64} for r in (1, 4, 8)]}  # fmt: skip
+    preds = {}
+    with ProfileStore(db) as st:
+        for key, per_pass in (("tiny-a", 0.01), ("tiny-a@tp2", 0.03)):  # the replica: 20 ms more a pass
+            st.put_trace("config", key, "config", json.dumps(cfg))
+            preds[key] = Predictor(key, model_traces(key, cfg, engine, st), pts)  # as the fit prices its forwards
+            for phase, vs in shapes.items():
+                for v in vs:
+                    real = preds[key].ops_latency(phase, v) + per_pass
+                    st.put_forward(ctx, key, phase, v, Measurement(real, real, real, 1, real))
+        one = fit_overhead(st, ctx, engine, pts, "interp", own="tiny-a", predictor=Predictor)
+        joint = fit_overhead(st, ctx, engine, pts, "interp", predictor=Predictor)  # every model, replicas left out
+        rep = fit_overhead(st, ctx, engine, pts, "interp", own="tiny-a@tp2", replica="tiny-a@tp2", predictor=Predictor)
+        assert calibrated_models(st, ctx) == {"tiny-a"}
+    v = {"requests": 1, "tokens": 64}
+    for key, fitted, per_pass in (("tiny-a", one, 0.01), ("tiny-a", joint, 0.01), ("tiny-a@tp2", rep, 0.03)):
+        ops, n = preds[key].ops_latency("prefill", v), preds[key].n_records["prefill"]
+        assert fitted("prefill", ops, n, v) == pytest.approx(ops + per_pass, rel=0.02), key
+    assert replica_key("m", get_engine("vllm", tp=2)) == "m@tp2" and replica_key("m", engine) is None
+    assert replica_key("m", get_engine("vllm", tp=2, pp=2)) is None  # a stage's rank keeps the one-device fit

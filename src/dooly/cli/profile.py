@@ -235,7 +235,11 @@ def profile_cmd(
     budget: int | None = _BUDGET,
     budget_s: float | None = _BUDGET_S,
     tp: int = typer.Option(
-        1, "--tp", min=1, help="Profile rank 0 of a tensor-parallel replica (vllm); its collectives between processes."
+        1,
+        "--tp",
+        min=1,
+        help="Profile rank 0 of a tensor-parallel replica (vllm): its collectives timed between processes, its "
+        "overhead calibrated on the replica's own forwards (a process per rank).",
     ),
     pp: int = typer.Option(1, "--pp", min=1, help="Pipeline stages of the replica (vllm); profile one stage's rank."),
     pp_stage: int = typer.Option(0, "--pp-stage", min=0, help="With --pp: which stage's rank to profile (0-based)."),

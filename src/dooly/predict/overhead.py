@@ -93,6 +93,7 @@ def fit_overhead(
     signatures: Collection[str] = (),
     *,
     predictor: OpsPredictor,
+    replica: str | None = None,
 ) -> OverheadModel:
     """Fit the framework overhead from the real forwards stored under ``ctx``.
 
@@ -101,9 +102,12 @@ def fit_overhead(
     model never run on this machine is fitted on the models whose passes hold every one of its
     ``signatures`` (its architecture at another depth or under another name), else on every model in the DB
     (``exclude``: a model whose forwards are left out, to predict it as if it had never run here).
-    ``predictor`` prices each calibrated model's operators (:data:`OpsPredictor`).
+    ``predictor`` prices each calibrated model's operators (:data:`OpsPredictor`). ``replica``: fit on that
+    tensor-parallel replica's forwards alone (``NAME@tpN``, priced with ``engine``, its rank's); without it a
+    replica's forwards are never read.
     """
     from dooly.profile import model_traces
+    from dooly.profile.calibrate import REPLICA_MARK
 
     rows: dict[str, list] = {}  # model -> its rows (every calibration round and depth of it)
     cost = page_cost(store, ctx)
@@ -113,6 +117,8 @@ def fit_overhead(
         if "#holdout" in key or key.startswith("#"):  # validation measurements and machine constants
             continue
         model = key.split("#")[0]
+        if (model != replica) if replica is not None else (REPLICA_MARK in model):
+            continue
         if exclude is not None and model == exclude:
             continue
         variant = re.sub(r"#round\d+$", "", key)  # "<name>#round2": another round; "<name>#layers15": a depth

@@ -317,8 +317,16 @@ def _flat_kv_base() -> int:
 def _overhead(store, ctx, engine, pts_model, pred: Predictor, holdout: bool, shared: bool, db_path) -> OverheadModel:  # type: ignore[no-untyped-def]
     """The framework overhead of ``pred``'s model: from its own calibration forwards, else (``holdout``,
     ``shared``, or none stored) from the DB's other models; ``shared`` refuses where no other model has any.
-    With the shape model's points: a --budget profile's own calibration forwards ran every signature."""
+    With the shape model's points: a --budget profile's own calibration forwards ran every signature. A
+    tensor-parallel rank takes its replica's calibration where one is stored, else the one-device overhead."""
+    from dooly.profile.calibrate import replica_key
+
     without_own = holdout or shared
+    replica = replica_key(pred.name, engine)
+    if replica is not None and not without_own and store.forwards(ctx, replica):
+        # a tensor-parallel rank whose replica was calibrated: its own overhead, collectives and all
+        return fit_overhead(store, ctx, engine, pts_model, pred.method, own=replica, replica=replica,
+                            signatures=pred.signature_keys(), predictor=type(pred))  # fmt: skip
     fitted = fit_overhead(
         store,
         ctx,
@@ -339,9 +347,8 @@ def _overhead(store, ctx, engine, pts_model, pred: Predictor, holdout: bool, sha
 
 
 def _one_device(engine: Any) -> Any:
-    """The engine whose forwards the overhead is fitted on: for one rank of a parallel replica, the same engine on
-    one device (a rank's own forward runs its collectives as one-rank copies, so it is not calibrated; the
-    framework's cost around each op is taken to be a rank's as well)."""
+    """The engine whose forwards the overhead is fitted on where a parallel rank's replica was not calibrated: the
+    same engine on one device (the framework's cost around each op is taken to be a rank's as well)."""
     if getattr(engine, "tp", 1) * getattr(engine, "pp", 1) == 1:
         return engine
     from dooly.engines import get_engine

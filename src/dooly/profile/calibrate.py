@@ -50,11 +50,25 @@ CALIBRATION_POLICIES = ("all", "check", "none")
 CHECK_TOLERANCE = 0.05
 
 
+#: ``NAME@tpN``: the calibration forwards of a tensor-parallel replica of NAME (:func:`calibrate_replica`); they fit
+#: its ranks' overhead alone, never a one-device model's
+REPLICA_MARK = "@"
+
+
+def replica_key(name: str, engine: Engine) -> str | None:
+    """Where ``engine``'s replica of ``name`` keeps its calibration forwards (``NAME@tpN``); None on one device and
+    with pipeline stages (a stage's rank keeps the one-device overhead)."""
+    tp, pp = int(getattr(engine, "tp", 1)), int(getattr(engine, "pp", 1))
+    return f"{name}{REPLICA_MARK}tp{tp}" if tp > 1 and pp == 1 else None
+
+
 def calibrated_models(store: ProfileStore, ctx: ProfileContext) -> set[str]:
-    """Models with a full calibration under ``ctx`` (a check, or validation's held-out forwards, is none)."""
+    """Models with a full calibration under ``ctx`` on one device (a check, validation's held-out forwards or a
+    replica's forwards are none)."""
     keys = {k for k, *_ in store.forwards(ctx)}
     skip = ("#holdout", CHECK_SUFFIX)
-    return {k.split("#")[0] for k in keys if not k.startswith("#") and not any(s in k for s in skip)}
+    names = {k.split("#")[0] for k in keys if not k.startswith("#") and not any(s in k for s in skip)}
+    return {n for n in names if REPLICA_MARK not in n}
 
 
 def calibration_needs(
@@ -150,20 +164,7 @@ def calibrate(
 
     shapes = shapes_within(shapes or CALIBRATION_SHAPES, max_positions(config))
     variants = calibration_variants(name, config, stages=getattr(engine, "pp", 1))
-    for variant, cfg in variants.items():
-        store.put_trace("config", variant, "config", canonical_json(cfg))
-        # traced here, where the store is writable: the overhead fit reads every variant's trace, and commands
-        # that only read the DB would trace it again on every load
-        model_traces(variant, cfg, engine, store)
-    todo = []
-    for k in range(CALIBRATION_ROUNDS):
-        # both depths in each round, in turn (ABBA: a steady drift of the machine weighs on both alike)
-        for variant in list(variants)[:: 1 if k % 2 == 0 else -1]:
-            key = variant if k == 0 else f"{variant}#round{k + 1}"  # the fit reads every round as its own rows
-            have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, key)}
-            todo += [
-                (variant, key, ph, v) for ph, vs in shapes.items() for v in vs if (ph, canonical_point(v)) not in have
-            ]
+    todo = _calibration_todo(variants, shapes, store, engine, ctx)
     if not todo:
         return 0.0
     spent, model, built = 0.0, None, None
@@ -181,3 +182,73 @@ def calibrate(
             step(i + 1, len(todo), f"{variant} {ph} " + " ".join(f"{k}={x}" for k, x in v.items()))
     del model
     return spent
+
+
+def calibrate_replica(
+    name: str,
+    config: Mapping[str, Any],
+    store: ProfileStore,
+    engine: Engine,
+    ctx: ProfileContext,
+    threads: int | None = None,
+    repeats: int = 5,
+    on_step: Callable[[int, int, str], None] | None = None,
+) -> float:
+    """Real forwards of the ``engine.tp``-way tensor-parallel replica (a process per rank, vLLM's shared-memory
+    all-reduce between them), at its depth and half of it, at the calibration shapes, timed on the wall clock as
+    ``dooly validate --tp`` times the replica; stored as ``NAME@tpN`` with each depth's config and rank traces, from
+    which the rank's overhead is fitted. Returns device seconds (wall seconds x ranks)."""
+    from dooly.db.store import Measurement
+    from dooly.profile.parallel_forward import ReplicaRanks
+
+    key = replica_key(name, engine)
+    if key is None:
+        raise ValueError(f"calibrate_replica: {engine!r} is not a tensor-parallel rank")
+    shapes = shapes_within(CALIBRATION_SHAPES, max_positions(config))
+    variants = {key + v[len(name) :]: cfg for v, cfg in calibration_variants(name, config).items()}
+    todo = _calibration_todo(variants, shapes, store, engine, ctx)
+    tp, dtype = engine.tp, engine.dtype  # type: ignore[attr-defined]
+    spent, ranks, built = 0.0, None, None
+    step = on_step or (lambda done, total, what: None)
+    try:
+        for i, (variant, round_key, ph, v) in enumerate(todo):
+            if variant != built:  # one replica at a time
+                if ranks is not None:
+                    ranks.close()
+                step(i, len(todo), f"starting the {tp} ranks of {variant}")
+                ranks, built = ReplicaRanks(variants[variant], tp=tp, dtype=dtype, threads=threads or 1), variant
+            t = ranks.time(ph, v, repeats=repeats)
+            cost = float(sum(t.wall_s)) * tp
+            store.put_forward(ctx, round_key, ph, v, Measurement(t.median_s, t.p10_s, t.p90_s, len(t.wall_s), cost))
+            spent += cost
+            step(i + 1, len(todo), f"{variant} {ph} " + " ".join(f"{k}={x}" for k, x in v.items()))
+    finally:
+        if ranks is not None:
+            ranks.close()
+    return spent
+
+
+def _calibration_todo(
+    variants: Mapping[str, Mapping[str, Any]],
+    shapes: Mapping[str, list[dict[str, int]]],
+    store: ProfileStore,
+    engine: Engine,
+    ctx: ProfileContext,
+) -> list[tuple[str, str, str, dict[str, int]]]:
+    """The forwards a calibration of ``variants`` ({key: config}) still lacks: (variant, round's key, phase,
+    values), after storing each variant's config and traces."""
+    for variant, cfg in variants.items():
+        store.put_trace("config", variant, "config", canonical_json(cfg))
+        # traced here, where the store is writable: the overhead fit reads every variant's trace, and commands
+        # that only read the DB would trace it again on every load
+        model_traces(variant, cfg, engine, store)
+    todo = []
+    for k in range(CALIBRATION_ROUNDS):
+        # both depths in each round, in turn (ABBA: a steady drift of the machine weighs on both alike)
+        for variant in list(variants)[:: 1 if k % 2 == 0 else -1]:
+            key = variant if k == 0 else f"{variant}#round{k + 1}"  # the fit reads every round as its own rows
+            have = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, key)}
+            todo += [
+                (variant, key, ph, v) for ph, vs in shapes.items() for v in vs if (ph, canonical_point(v)) not in have
+            ]
+    return todo

@@ -213,12 +213,13 @@ class _Onboarding:
     of calibration to profiling."""
 
     def __init__(self, store: ProfileStore, ctx: ProfileContext, profile_alone: Callable[[ModelSignatures], float]):
-        from dooly.profile.calibrate import CHECK_SHAPES, CHECK_SUFFIX
+        from dooly.profile.calibrate import CHECK_SHAPES, CHECK_SUFFIX, REPLICA_MARK
 
         self.store, self.ctx, self.estimated, self.unpriced = store, ctx, 0, 0
         self.forwards: dict[str, dict[tuple[str, str, str], float]] = {}
         for key, ph, v, m in store.forwards(ctx):
-            if "#holdout" not in key and not key.startswith("#"):  # validation's held-out forwards are not onboarding
+            # validation's held-out forwards are not onboarding; a replica's calibration is not a one-device model's
+            if "#holdout" not in key and not key.startswith("#") and REPLICA_MARK not in key.split("#")[0]:
                 self.forwards.setdefault(key.split("#")[0], {})[(key, ph, canonical_point(v))] = m.cost_s
         self.check_key = CHECK_SUFFIX
         checks = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
