@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -70,18 +71,21 @@ def measured(tmp_path_factory):  # type: ignore[no-untyped-def]
 
     mp = pytest.MonkeyPatch()
     mp.setattr(parallel_forward.ReplicaRanks, "time", time_and_note)
+    before = set(Path(tempfile.gettempdir()).iterdir())
     try:
         with ProfileStore(db) as store:
             rows = vp.validate_parallel(_Pred(), LLAMA, get_engine("vllm", dtype="float32", tp=2), SHAPES,
                                         repeats=2, rounds=2, store=store)  # fmt: skip
     finally:
         mp.undo()
-    return rows, db, sorted(set(pids))
+    # the ranks' temp files (vLLM's IPC sockets) went with them; this process's own go at its exit
+    left = {p for p in set(Path(tempfile.gettempdir()).iterdir()) - before if f"-{os.getpid()}-" not in p.name}
+    return rows, db, sorted(set(pids)), left
 
 
 @pytest.mark.slow  # starting the two ranks takes ~25 s
 def test_a_tp2_replica_s_forwards_are_timed_on_rank_0_per_shape_and_round(measured) -> None:  # type: ignore[no-untyped-def]
-    rows, _, _ = measured
+    rows, _, _, _ = measured
     assert [(r.phase, r.values) for r in rows] == [(ph, v) for ph, vs in SHAPES.items() for v in vs]
     for r in rows:
         assert len(r.rounds_s) == 2 and all(math.isfinite(x) and x > 0 for x in r.rounds_s)
@@ -95,8 +99,8 @@ def test_a_tp2_replica_s_forwards_are_timed_on_rank_0_per_shape_and_round(measur
 
 @pytest.mark.slow  # starting the two ranks takes ~25 s
 def test_the_ranks_are_gone_after_the_validation(measured) -> None:  # type: ignore[no-untyped-def]
-    _, _, pids = measured
-    assert len(pids) == 2
+    _, _, pids, left = measured
+    assert len(pids) == 2 and not left, left
     assert not set(pids) & set(_children()) and not multiprocessing.active_children()
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
@@ -105,7 +109,7 @@ def test_the_ranks_are_gone_after_the_validation(measured) -> None:  # type: ign
 
 @pytest.mark.slow  # starting the two ranks takes ~25 s
 def test_kept_measurements_are_rescored_without_starting_the_ranks(measured, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    rows, db, _ = measured
+    rows, db, _, _ = measured
 
     def refuse(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the ranks were started again")

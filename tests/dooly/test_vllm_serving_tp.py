@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,7 +219,9 @@ def test_real_tp2_vllm_serve(tmp_path):
     w = parse_workload(WORKLOAD)
     cfg = ServeConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=256, tp=2)
     blocks = api.vllm_cpu_kv_blocks(str(path), api.kv_devices(str(path), 2), 128, cfg.dtype)
+    shm = set(Path("/dev/shm").glob("vllm_dist_*"))
     payload = validate(str(path), w, cfg, blocks, LinearLatency(), real_runs=1, workdir=tmp_path / "w", log=print)
+    assert set(Path("/dev/shm").glob("vllm_dist_*")) <= shm  # the ranks' shared-memory segments went with them
     assert payload["layout"]["tp"] == 2 and payload["layout"]["omp_bind"] == "0|1"
     assert payload["server"]["kv_cache_tokens"] == blocks * 128  # the simulator's sizing is the replica's
     assert np.all(payload["measured"]["ttft"] > 0) and np.all(np.isfinite(payload["measured"]["tpot"]))

@@ -142,12 +142,20 @@ def _measure(comm: Any, call: CollectiveCall, cfg: TimerConfig, rank: int) -> tu
     return ("ok", med, p10, p90, len(samples) * inner, time.perf_counter() - start)
 
 
+def worker_tmpdir(init_file: str) -> None:
+    """A worker's temp files (vLLM's IPC sockets among them) go in its group's directory, removed with the group."""
+    import tempfile
+
+    os.environ["TMPDIR"] = tempfile.tempdir = os.path.dirname(init_file)
+
+
 def _worker(rank: int, world: int, init_file: str, ident: str, core: int | None, conn: Any) -> None:
     """One rank: pinned to its core, one torch thread, joins the group, then times what the parent sends."""
     # a rank left waiting in a shared-memory collective would spin for ever: it dies with dooly, even on SIGKILL
     die_with_parent()
     if os.getppid() == 1:  # dooly died before the line above took effect
         return
+    worker_tmpdir(init_file)
     if core is not None:
         os.sched_setaffinity(0, {core})
     import torch

@@ -24,7 +24,7 @@ from typing import Any
 
 from dooly.core.errors import DoolyError, one_line
 from dooly.engines._reaper import die_with_parent
-from dooly.profile.collectives import _Group
+from dooly.profile.collectives import _Group, worker_tmpdir
 from dooly.profile.timing import quantile
 
 #: a worker's build (vLLM's start, dummy weights) or one shape's forwards; past it a hung rank is given up
@@ -88,6 +88,7 @@ def _rank_worker(rank: int, world: int, init_file: str, ident: str, core: int | 
     die_with_parent()  # a rank left in a shared-memory exchange would spin for ever: it goes with dooly
     if os.getppid() == 1:
         return
+    worker_tmpdir(init_file)
     if core is not None:
         os.sched_setaffinity(0, {core})
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import math
 import os
@@ -198,6 +199,14 @@ def _cores(cores) -> str:  # type: ignore[no-untyped-def]
     return f"core{'s' if len(cores) > 1 else ''} {_span(cores)}"
 
 
+def _sweep_segments(server_tmp: Path) -> None:
+    """A parallel server's ranks exchange through shared-memory segments named after their rendezvous file
+    (``vllm_dist_<id>`` in the server's TMPDIR), and leave them in /dev/shm when stopped: removed here."""
+    for rendezvous in server_tmp.glob("vllm_dist_*"):
+        for segment in Path("/dev/shm").glob(f"{glob.escape(rendezvous.name)}-*"):
+            segment.unlink(missing_ok=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -238,6 +247,8 @@ class VLLMServer:
         if self._old_term is not None:
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
+        if self._server_tmp is not None:
+            _sweep_segments(self._server_tmp)
         for d in (self._server_tmp, self._tmp):
             if d is not None:
                 shutil.rmtree(d, ignore_errors=True)
