@@ -388,9 +388,7 @@ def validate_serving(
     kw |= {"kv_blocks": kv_blocks, "cpu_kvcache_gb": cpu_kvcache_gb, "threads": threads, "dtype": dtype}
     kw |= {"clock": clock, "real_runs": real_runs, "warmup_runs": warmup_runs, "engine": engine, "device": device}
     payload, path = api.validate_serving(model, db, workload=workload, **kw, tp=tp, pp=pp, hooks=_hooks())
-    print_validation(payload)
-    if "layout" in payload:
-        out.print(f"layout: {payload['layout']['describe']}")
+    print_validation(payload)  # the layout was said as the server came up
     out.print(f"result: {path}")
 
 

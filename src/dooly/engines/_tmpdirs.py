@@ -9,6 +9,7 @@ process no longer exists.
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import re
 import shutil
@@ -57,3 +58,10 @@ def owned_tmpdir(prefix: str, owner: object | None = None) -> Path:
     else:
         atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+def remove_segments(name: str) -> None:
+    """Remove the shared-memory segments ``/dev/shm/<name>-*``: vLLM's CPU communicator names its segments after
+    its group (or rendezvous file) and leaves them behind when a rank is killed or a server is stopped."""
+    for segment in Path("/dev/shm").glob(f"{glob.escape(name)}-*"):
+        segment.unlink(missing_ok=True)

@@ -13,7 +13,6 @@ a rank waiting for its peer is latency the replica pays.
 
 from __future__ import annotations
 
-import glob
 import math
 import os
 import re
@@ -29,7 +28,7 @@ from atomicio import pid_alive
 from dooly.core.errors import DoolyError
 from dooly.db.store import Measurement
 from dooly.engines._reaper import die_with_parent
-from dooly.engines._tmpdirs import owned_tmpdir
+from dooly.engines._tmpdirs import owned_tmpdir, remove_segments
 from dooly.profile.timing import TimerConfig, quantile
 from dooly.trace.signature import Signature
 
@@ -260,9 +259,7 @@ class _Group:
                 proc.kill()
         self.conns, self.procs = [], []
         shutil.rmtree(self.dir, ignore_errors=True)
-        # a worker killed mid-exchange leaves vLLM's shared-memory segments behind (named after the group)
-        for leftover in Path("/dev/shm").glob(f"{glob.escape(self.ident)}-*"):
-            leftover.unlink(missing_ok=True)
+        remove_segments(self.ident)  # a worker killed mid-exchange leaves them behind
 
 
 class CollectiveTimer:

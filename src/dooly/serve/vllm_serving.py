@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import json
 import math
 import os
@@ -44,7 +43,7 @@ import numpy as np
 
 from dooly.core.errors import DoolyError
 from dooly.engines import _reaper
-from dooly.engines._tmpdirs import owned_tmpdir
+from dooly.engines._tmpdirs import owned_tmpdir, remove_segments
 from dooly.simulator.metrics import RequestMetrics
 from dooly.simulator.workload import Workload
 
@@ -203,8 +202,7 @@ def _sweep_segments(server_tmp: Path) -> None:
     """A parallel server's ranks exchange through shared-memory segments named after their rendezvous file
     (``vllm_dist_<id>`` in the server's TMPDIR), and leave them in /dev/shm when stopped: removed here."""
     for rendezvous in server_tmp.glob("vllm_dist_*"):
-        for segment in Path("/dev/shm").glob(f"{glob.escape(rendezvous.name)}-*"):
-            segment.unlink(missing_ok=True)
+        remove_segments(rendezvous.name)
 
 
 def _free_port() -> int:
