@@ -117,7 +117,8 @@ def fit_overhead(
         if "#holdout" in key or key.startswith("#"):  # validation measurements and machine constants
             continue
         model = key.split("#")[0]
-        if (model != replica) if replica is not None else (REPLICA_MARK in model):
+        ours = model == replica if replica is not None else REPLICA_MARK not in model  # one device, or the replica
+        if not ours:
             continue
         if exclude is not None and model == exclude:
             continue
