@@ -268,6 +268,40 @@ def test_a_deep_model_folded_to_three_layers_per_stage_is_its_full_trace() -> No
     assert rows(folded) == rows(full) and folded.config_hash == full.config_hash
 
 
+def test_each_stage_role_is_traced_once_for_every_pipeline_depth(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A first, middle and last stage of a 4-stage pipeline are traced as the 2- and 3-stage pipelines' stages of
+    the same role, with the sends and receives among 4 ranks: the records of tracing each stage whole. A deeper
+    pipeline's first stage then traces nothing new."""
+    pytest.importorskip("vllm", reason="vllm is not installed (the vLLM engine is optional)")
+    from dooly.engines import get_engine
+    from dooly.profile import traces
+    from dooly.trace import tracer
+
+    deep = {**LLAMA, "num_hidden_layers": 20}  # 5 layers a stage in 4 stages, 3 in 8 (too few to fold)
+    deep40 = {**LLAMA, "num_hidden_layers": 40}
+
+    def rows(tr):  # type: ignore[no-untyped-def]
+        return [(r.signature, r.module, r.layer, r.view, r.order) for r in tr.records]
+
+    for stage in (0, 2, 3):
+        engine = get_engine("vllm", tp=2, pp=4, pp_stage=stage)
+        assert engine.role_engine().pp in (2, 3)  # type: ignore[attr-defined]
+        full, folded = tracer.trace_model(deep, "decode", engine=engine, name="d"), traces.fold_traced(
+            deep, "decode", "d", engine
+        )
+        assert folded is not None and rows(folded) == rows(full), f"stage {stage}"
+        assert folded.meta["pipeline_parallel_size"] == 4 and folded.meta["pipeline_stage"] == stage
+        if stage < 3:
+            assert any(r.signature.op == "dooly_vllm.send.default" for r in folded.records)
+    calls = []
+    real = tracer.trace_model
+    monkeypatch.setattr(tracer, "trace_model", lambda *a, **k: calls.append(a) or real(*a, **k))
+    deeper = traces.fold_traced(deep40, "decode", "d", get_engine("vllm", tp=2, pp=8, pp_stage=0))
+    assert deeper is not None and not calls
+    sends = {r.signature.args for r in deeper.records if r.signature.op == "dooly_vllm.send.default"}
+    assert sends and all(json.loads(a)["args"][-1] == 8 for a in sends)
+
+
 def test_layers_that_differ_are_never_folded() -> None:
     from dooly.profile.traces import fold_traced
 

@@ -151,10 +151,16 @@ def fake_layer_ops() -> None:
             torch.library.register_fake(name, lambda *a, **k: None)
 
 
-@functools.cache
 def _onednn_error(dtype: torch.dtype, shape: tuple[int, ...]) -> str | None:
     """oneDNN's own error for a real weight of this dtype and shape (vLLM passes the transposed weight), or
-    None where it builds; probed once per layout, outside any fake mode."""
+    None where it builds; probed on a stand-in of the same dtype whose every dimension keeps its remainder modulo
+    64 (oneDNN's blockings are powers of two up to 64), at most 127 wide: a 70B layer's real weight would take a
+    GB and most of a second to pack, for each of a layout sweep's shapes."""
+    return _onednn_probe(dtype, tuple(d if d < 128 else 64 + d % 64 for d in shape))
+
+
+@functools.cache
+def _onednn_probe(dtype: torch.dtype, shape: tuple[int, ...]) -> str | None:
     with _disable_current_modes():
         try:
             _ORIGINAL["create_onednn_mm"](torch.zeros(shape[::-1], dtype=dtype).t(), 1)

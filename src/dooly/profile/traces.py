@@ -139,15 +139,26 @@ def fold_traced(config: Mapping[str, Any], phase: str, name: str, engine: Engine
     pp, stage = int(getattr(engine, "pp", 1)), int(getattr(engine, "stage", 0))
     if total is None or total < pp * (FOLD_DEPTH + 2) or not _foldable(config, total):
         return None
-    shallow = at_depth(config, FOLD_DEPTH * pp)
+    # the stage is traced as the same role's stage of the shortest pipeline (the engine's role_engine), once per
+    # process, and told its own pipeline's size: a sweep over layouts traces each role once per tensor-parallel size
+    role = engine.role_engine() if hasattr(engine, "role_engine") else engine
+    role_pp, role_stage = int(getattr(role, "pp", 1)), int(getattr(role, "stage", 0))
+    shallow = at_depth(config, FOLD_DEPTH * role_pp)
     if shallow is None:
         return None
     parts = [total // pp] * pp  # as vLLM splits the layers (dooly.simulator.layouts.pp_partition)
     for i in range(2, total % pp + 2):
         parts[-i] += 1
     first = sum(parts[:stage])
-    tr = trace_model(shallow, phase, name=name, engine=engine)
-    branches = [_unfold(b, FOLD_DEPTH * stage, first, parts[stage]) for b in tr.branches()]
+    memo = (role.trace_context, getattr(role, "dtype", ""), name, config_hash(shallow), phase)
+    tr = _ROLE_TRACES.get(memo) or trace_model(shallow, phase, name=name, engine=role)
+    if len(_ROLE_TRACES) >= 64:
+        _ROLE_TRACES.clear()
+    _ROLE_TRACES[memo] = tr
+    if role is not engine:
+        sized = set(getattr(engine, "pipeline_size_ops", ()))
+        tr = _with_pipeline_size(tr, sized, pp, getattr(engine, "layout", dict)())
+    branches = [_unfold(b, FOLD_DEPTH * role_stage, first, parts[stage]) for b in tr.branches()]
     if any(b is None for b in branches):
         return None
     main, *sides = branches
@@ -155,6 +166,34 @@ def fold_traced(config: Mapping[str, Any], phase: str, name: str, engine: Engine
     for b in branches:
         b.config_hash = config_hash(config)  # type: ignore[union-attr]
         b.meta["folded"] = {"traced_layers": FOLD_DEPTH, "layers": parts[stage]}  # type: ignore[union-attr]
+    return main
+
+
+#: shallow stage traces made in this process, by the role engine's context, dtype, model, shallow config and phase
+_ROLE_TRACES: dict[tuple[str, str, str, str, str], ModelTrace] = {}
+
+
+def _with_pipeline_size(tr: ModelTrace, ops: set[str], pp: int, layout: dict[str, int]) -> ModelTrace:
+    """``tr`` and its sides (a stage traced in another pipeline) with ``ops``' last argument, the pipeline's size,
+    set to ``pp`` and the meta's layout to ``layout``: the records a trace of this pipeline's stage holds."""
+    import json
+    from dataclasses import replace
+
+    from dooly.trace.signature import canonical_json
+
+    def sized(r: Any) -> Any:
+        if r.signature.op not in ops:
+            return r
+        args = json.loads(r.signature.args)
+        args["args"][-1] = pp
+        return replace(r, signature=replace(r.signature, args=canonical_json(args)))
+
+    main, *sides = [
+        ModelTrace(b.model, b.config_hash, b.phase, b.engine, [sized(r) for r in b.records], dict(b.hints),
+                   list(b.guards), {**b.meta, **layout})  # fmt: skip
+        for b in tr.branches()
+    ]
+    main.sides = sides
     return main
 
 
