@@ -286,8 +286,9 @@ def test_each_stage_role_is_traced_once_for_every_pipeline_depth(monkeypatch) ->
     for stage in (0, 2, 3):
         engine = get_engine("vllm", tp=2, pp=4, pp_stage=stage)
         assert engine.role_engine().pp in (2, 3)  # type: ignore[attr-defined]
-        full, folded = tracer.trace_model(deep, "decode", engine=engine, name="d"), traces.fold_traced(
-            deep, "decode", "d", engine
+        full, folded = (
+            tracer.trace_model(deep, "decode", engine=engine, name="d"),
+            traces.fold_traced(deep, "decode", "d", engine),
         )
         assert folded is not None and rows(folded) == rows(full), f"stage {stage}"
         assert folded.meta["pipeline_parallel_size"] == 4 and folded.meta["pipeline_stage"] == stage

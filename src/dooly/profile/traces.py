@@ -189,9 +189,7 @@ def _with_pipeline_size(tr: ModelTrace, ops: set[str], pp: int, layout: dict[str
         return replace(r, signature=replace(r.signature, args=canonical_json(args)))
 
     main, *sides = [
-        ModelTrace(b.model, b.config_hash, b.phase, b.engine, [sized(r) for r in b.records], dict(b.hints),
-                   list(b.guards), {**b.meta, **layout})  # fmt: skip
-        for b in tr.branches()
+        replace(b, records=[sized(r) for r in b.records], meta={**b.meta, **layout}, sides=[]) for b in tr.branches()
     ]
     main.sides = sides
     return main
