@@ -46,6 +46,20 @@ def test_interp_exact_on_grid_and_close_between() -> None:
     assert SignatureModel((), [({}, 3e-6)])({"requests": 7}) == pytest.approx(3e-6)
 
 
+def test_extrapolation_past_two_ends_does_not_multiply_the_noise() -> None:
+    """A view op's four noisy timings (2.6-4.4 us on a 2 x 2 grid) extrapolated 30-fold in requests and 70-fold
+    in KV length: multilinear weights past both ends once priced it at 38,622 s. Each axis on its own, never
+    downward, it stays microseconds."""
+    pts = [({"requests": 1, "kv_len": 4}, 4.4e-6), ({"requests": 2, "kv_len": 4}, 2.79e-6),
+           ({"requests": 1, "kv_len": 16}, 2.56e-6), ({"requests": 2, "kv_len": 16}, 3.13e-6)]  # fmt: skip
+    m = SignatureModel(("requests", "kv_len"), pts, "interp")
+    far = m({"requests": 64, "kv_len": 1100})
+    assert 3.13e-6 <= far < 5e-5
+    # a slope that points down at the edge (noise) is held flat past it
+    assert m({"requests": 64, "kv_len": 4}) == pytest.approx(m({"requests": 2, "kv_len": 4}))
+    assert m({"requests": 1, "kv_len": 2000}) == pytest.approx(2.56e-6)
+
+
 def test_incomplete_grid_still_predicts() -> None:
     pts = _grid_points(("requests", "tokens"))
     pts = [(p, t) for p, t in pts if not (p["requests"] == 8 and p["tokens"] == 256)]
