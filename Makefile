@@ -10,9 +10,11 @@ setup:
 
 # The everyday suite: offline, deterministic, a few minutes on 2 cores. Tests marked `slow` (minutes-long
 # checks against real engines and long samples) run in `make test-all`, with the fuzz suite at full size.
-# One worker per core (at most 4: each holds torch and a model); a test file stays on one worker, so its
-# module fixtures are built once.
-PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+# Four workers whatever the cores (each holds torch and a model): many tests wait on processes they start
+# (torchrun, vllm serve, a wheel build), and on a busy 2-core machine the suite's share of the cores grows with
+# its process count (under `stress-ng --cpu 2`: 8:03 with 2 workers, 6:44 with 4, 7:26 with 6; quiet, 3:48 and
+# 4:05). A test file stays on one worker, so its module fixtures are built once.
+PARALLEL := -n 4 --dist loadfile
 
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow" $(PARALLEL)
