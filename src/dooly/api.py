@@ -477,8 +477,11 @@ def _calibrate_all(
             continue
         if policy == "check" and name not in calibrated_models(store, ctx):  # one begun resumes in full
             passed, why = check_calibration(m, db, store, engine, threads)
-            spent += sum(f.cost_s for *_, f in store.forwards(ctx, name + CHECK_SUFFIX))
+            checked = [f.cost_s for *_, f in store.forwards(ctx, name + CHECK_SUFFIX)]
+            spent += sum(checked)
             verdict = "passed: no calibration of its own" if passed else "missed: full calibration"
+            if not checked:  # nothing to check against (the DB's first model), or it cannot be priced
+                verdict = "not possible: full calibration"
             hooks.log(f"calibration check on {name} {verdict} ({why})")
             if passed:
                 continue

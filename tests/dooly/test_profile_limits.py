@@ -180,6 +180,8 @@ def test_calibrate_check_runs_the_full_set_only_when_the_shared_fit_misses(tmp_p
     for p in paths:
         res = runner.invoke(app, ["profile", str(p), "--db", str(db), "--grid", "tiny", "--calibrate", "check"])
         assert res.exit_code == 0, res.output
+        if p == paths[0]:  # nothing to check the DB's first model against: not a miss
+            assert "calibration check on tiny-a not possible: full calibration" in res.output, res.output
     verdict = re.search(r"calibration check on tiny-b (passed|missed)", res.output)
     assert verdict, res.output
     with ProfileStore(db, readonly=True) as st:
