@@ -50,6 +50,17 @@ def trace_cache_key(name: str, config: Mapping[str, Any]) -> str:
 #: commands that only read a DB whose trace cache is stale (the tracing code changed) trace each pass once, not once
 #: per predictor
 _TRACED: dict[tuple[str, str, str], ModelTrace] = {}
+#: folded stages' shallow traces made in this process (:func:`fold_traced`), by the role engine's context, dtype,
+#: model, shallow config and phase
+_ROLE_TRACES: dict[tuple[str, str, str, str, str], ModelTrace] = {}
+
+
+def _remember(memo: dict, key: tuple, tr: ModelTrace) -> ModelTrace:
+    """Keep ``tr`` in a process-wide ``memo`` (emptied once it holds 64: a long sweep's traces are not all kept)."""
+    if len(memo) >= 64:
+        memo.clear()
+    memo[key] = tr
+    return tr
 
 
 def model_traces(
@@ -85,9 +96,7 @@ def model_traces(
         if store is not None:
             store.put_trace(eng_key, key, phase, tr.to_json())
         if keeps_nothing:
-            if len(_TRACED) >= 64:
-                _TRACED.clear()
-            _TRACED[memo] = tr
+            _remember(_TRACED, memo, tr)
         out[phase] = tr
     if store is not None and spent:
         doc = json.dumps({"seconds": round(spent, 3)})
@@ -151,10 +160,9 @@ def fold_traced(config: Mapping[str, Any], phase: str, name: str, engine: Engine
         parts[-i] += 1
     first = sum(parts[:stage])
     memo = (role.trace_context, getattr(role, "dtype", ""), name, config_hash(shallow), phase)
-    tr = _ROLE_TRACES.get(memo) or trace_model(shallow, phase, name=name, engine=role)
-    if len(_ROLE_TRACES) >= 64:
-        _ROLE_TRACES.clear()
-    _ROLE_TRACES[memo] = tr
+    tr = _ROLE_TRACES.get(memo)
+    if tr is None:
+        tr = _remember(_ROLE_TRACES, memo, trace_model(shallow, phase, name=name, engine=role))
     if role is not engine:
         sized = set(getattr(engine, "pipeline_size_ops", ()))
         tr = _with_pipeline_size(tr, sized, pp, getattr(engine, "layout", dict)())
@@ -167,10 +175,6 @@ def fold_traced(config: Mapping[str, Any], phase: str, name: str, engine: Engine
         b.config_hash = config_hash(config)  # type: ignore[union-attr]
         b.meta["folded"] = {"traced_layers": FOLD_DEPTH, "layers": parts[stage]}  # type: ignore[union-attr]
     return main
-
-
-#: shallow stage traces made in this process, by the role engine's context, dtype, model, shallow config and phase
-_ROLE_TRACES: dict[tuple[str, str, str, str, str], ModelTrace] = {}
 
 
 def _with_pipeline_size(tr: ModelTrace, ops: set[str], pp: int, layout: dict[str, int]) -> ModelTrace:
