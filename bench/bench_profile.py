@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dooly.api import profile_models
+from dooly.api import check_verdict, profile_models
 from dooly.core.zoo import resolve_model
 from dooly.db.store import ProfileStore
 from dooly.engines import Engine, get_engine
@@ -76,10 +76,24 @@ def point_counts(plan) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-
     )
 
 
-def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[float] = ()) -> None:  # type: ignore[no-untyped-def]
+def policies(models: list[str], missed: list[str]) -> list[tuple[str, str, list[str]]]:
+    """The calibration policies the savings are priced under besides the default (all): (label, policy, the
+    models whose check misses): every check passing, ``missed``'s missing (a check run for real), every check
+    missing (each then calibrated at its own depth), none."""
+    out = [("--calibrate check, every check passing", "check", [])]
+    if set(missed) & set(models):
+        out.append((f"--calibrate check, {', '.join(m for m in models if m in missed)}'s missing", "check", missed))
+    out += [("--calibrate check, every check missing", "check", models), ("--calibrate none", "none", [])]
+    return out
+
+
+def realistic(  # type: ignore[no-untyped-def]
+    store, engine, threads: int, budgets: list[int], budget_s: list[float] = (), missed: list[str] = ()
+) -> None:
     """Savings over the realistic groups (each group alone, and the list as one plan) and over the zoo, with
     exact reuse and with the shape model at each of ``budgets`` (signatures measured per model) and of
-    ``budget_s`` (device-seconds caps for the whole list, as `dooly profile --budget-seconds`)."""
+    ``budget_s`` (device-seconds caps for the whole list, as `dooly profile --budget-seconds`); ``missed``: models
+    whose `--calibrate check` missed when run."""
     from dooly.core.zoo import REALISTIC_GROUPS, list_models, realistic_list
     from dooly.profile.budget import triage
 
@@ -98,11 +112,12 @@ def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[fl
             f"({100 * (1 - with_p / alone_p):.1f}% saved)"
         )
         print(f"  device-s, exact reuse: {sv.describe()}")
-        for policy in ("check", "none"):  # the calibration each new model takes (default: all)
-            cal = savings(plan, store, calibration=policy)
+        for what, policy, miss in policies(models, missed):  # the calibration each new model takes (default: all)
+            cal = savings(plan, store, calibration=policy, missed=miss)
             print(
-                f"  device-s, exact reuse, --calibrate {policy}: {cal.saved_pct:.1f}% saved with calibration counted "
-                f"({cal.with_reuse_s:.1f} vs {cal.without_reuse_s:.1f}), {cal.saved_pct_uncalibrated:.1f}% without"
+                f"  device-s, exact reuse, {what}: {cal.saved_pct:.1f}% saved with calibration "
+                f"counted ({cal.with_reuse_s:.1f} vs {cal.without_reuse_s:.1f}), {cal.saved_pct_uncalibrated:.1f}% "
+                "without"
             )
         caps = [(f"--budget {b}/model", tr.least_certain(b * len(plan.models))) for b in budgets]
         caps += [(f"--budget-seconds {s:g}", tr.within_seconds(s)) for s in budget_s]
@@ -114,10 +129,10 @@ def realistic(store, engine, threads: int, budgets: list[int], budget_s: list[fl
                 f"saved); device-s {savings(plan, store, predicted).describe()}; {len(tr.uncovered)} signatures "
                 f"of kinds never profiled here measured"
             )
-            for policy in ("check", "none"):
-                cal = savings(plan, store, predicted, calibration=policy)
+            for what, policy, miss in policies(models, missed):
+                cal = savings(plan, store, predicted, calibration=policy, missed=miss)
                 print(
-                    f"    --calibrate {policy}: {cal.saved_pct:.1f}% saved with calibration counted "
+                    f"    {what}: {cal.saved_pct:.1f}% saved with calibration counted "
                     f"({cal.with_reuse_s:.1f} vs {cal.without_reuse_s:.1f}), {cal.saved_pct_uncalibrated:.1f}% without"
                 )
 
@@ -141,13 +156,24 @@ def shape_predictors(  # type: ignore[no-untyped-def]
 
     preds: dict[str, Predictor] = {}
     # exact: calibrated in full (--calibrate all); shared overhead: own points, the overhead fitted on the other
-    # models (--calibrate none, or a check that passed); zero new points: nothing of its own
-    labels = (("exact", {}), ("shared overhead", {"shared_overhead": True}), ("zero new points", {"holdout": True}))
+    # models (--calibrate none, or a check that passed); own depth: the overhead fitted on its first round at its
+    # own depth (a check that missed); zero new points: nothing of its own
+    labels = (
+        ("exact", {}),
+        ("shared overhead", {"shared_overhead": True}),
+        ("own depth, one round", {"own_depth_overhead": True}),
+        ("zero new points", {"holdout": True}),
+    )
     for label, kw in labels:
         try:
             preds[label] = Predictor.for_model(model, store_path, engine, threads=threads, **kw)
         except DoolyError as exc:
             print(f"  {name}: no {label} figure: {exc}")
+    if "shared overhead" in preds and "own depth, one round" in preds:  # --calibrate check, replayed
+        passed, why = check_verdict(preds["shared overhead"], check_measured(store_path, engine, threads, name))
+        print(f"  {name}: --calibrate check {'passed' if passed else 'missed'} ({why})")
+        check = "check passed: shared overhead" if passed else "check missed: own depth"
+        preds[check] = preds["shared overhead" if passed else "own depth, one round"]
     if "exact" in preds:  # replay --budget: only the least certain of its own signatures measured
         with ProfileStore(store_path, readonly=True) as store:
             ctx = context_for(engine, threads)
@@ -173,6 +199,19 @@ def shape_predictors(  # type: ignore[no-untyped-def]
         label = "budget 0 (uncovered kinds measured)"
         preds[label] = Predictor.for_model(model, store_path, engine, threads=threads, shape=True)
     return preds
+
+
+def check_measured(store_path: str, engine: Engine, threads: int, name: str) -> dict[tuple[str, str], float]:
+    """The model's first-round forwards at the check's shapes: what its `--calibrate check` would have measured."""
+    from dooly.db.store import canonical_point
+    from dooly.profile import context_for
+    from dooly.profile.calibrate import CHECK_SHAPES
+
+    shapes = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
+    with ProfileStore(store_path, readonly=True) as store:
+        rows = store.forwards(context_for(engine, threads), name)
+    got = {(ph, canonical_point(v)): m.median_s for _, ph, v, m in rows}
+    return {k: s for k, s in got.items() if k in shapes}
 
 
 def shapes(
@@ -275,6 +314,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--validate", nargs="*", default=None, help="validate only these models (default: all)")
     ap.add_argument("--no-reused", action="store_true", help="skip the never-profiled model's validation")
     ap.add_argument("--realistic", action="store_true", help="savings over the realistic groups and the zoo")
+    ap.add_argument(
+        "--missed", nargs="*", default=[], help="with --realistic: models whose `--calibrate check` missed when run"
+    )
     ap.add_argument("--shapes", action="store_true", help="exact vs zero-new-points vs budget MAPE, OUTSIDE configs")
     ap.add_argument(
         "--budget",
@@ -354,7 +396,7 @@ def main() -> None:
     if args.no_profile:
         with ProfileStore(args.db) as store:
             if args.realistic:
-                realistic(store, engine, args.threads, args.budget, args.budget_seconds)
+                realistic(store, engine, args.threads, args.budget, args.budget_seconds, args.missed)
         if args.shapes:
             run_shapes(args, engine)
         return
@@ -366,7 +408,7 @@ def main() -> None:
 
     if args.realistic:
         with ProfileStore(args.db) as store:
-            realistic(store, engine, args.threads, args.budget, args.budget_seconds)
+            realistic(store, engine, args.threads, args.budget, args.budget_seconds, args.missed)
     if args.shapes:
         run_shapes(args, engine)
 

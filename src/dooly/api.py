@@ -11,7 +11,8 @@
 * :func:`validate_serving`: `dooly validate-serving`, real serving runs (HF engine or `vllm serve`) against the
   simulator, saved beside the DB;
 * :func:`validation_predictors`: the predictors `dooly validate` scores (the profile's, and "zero new points");
-* :func:`check_calibration`: whether the DB's shared overhead fit prices a new model's forwards (``--calibrate check``);
+* :func:`check_calibration`: whether the DB's shared overhead fit prices a new model's forwards (``--calibrate check``;
+  its verdict on forwards already measured: :func:`check_verdict`);
 * :func:`profile_models`: `dooly profile`'s pipeline (trace, plan, triage, time, calibrate), with its parts
   :func:`profiling_engine`, :func:`grid_spec`, :func:`calibration_policy`, :func:`traceable_models` and
   :func:`budget_triage` that `dooly plan` shares.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,7 +227,7 @@ def check_calibration(
     from dooly.core.zoo import resolve_model
     from dooly.predict.predictor import Predictor
     from dooly.profile import context_for
-    from dooly.profile.calibrate import CHECK_TOLERANCE, check_forwards
+    from dooly.profile.calibrate import check_forwards
 
     name, cfg = resolve_model(model)
     try:
@@ -235,7 +236,14 @@ def check_calibration(
         return False, f"cannot predict it from the DB ({exc})"
     if set(pred.overhead.coef) != {"prefill", "decode"}:
         return False, "no shared overhead fit on this engine and hardware yet"
-    measured = check_forwards(name, cfg, store, engine, context_for(engine, threads), threads=threads)
+    return check_verdict(pred, check_forwards(name, cfg, store, engine, context_for(engine, threads), threads=threads))
+
+
+def check_verdict(pred: Predictor, measured: Mapping[tuple[str, str], float]) -> tuple[bool, str]:
+    """Whether ``pred`` (a model priced with the shared overhead fit) predicts its ``measured`` forwards
+    ({(phase, canonical point): seconds}) within the check's tolerance, and one line saying so."""
+    from dooly.profile.calibrate import CHECK_TOLERANCE
+
     worst, parts = 0.0, []
     for (phase, point), seconds in measured.items():
         values = json.loads(point)
@@ -475,19 +483,22 @@ def _calibrate_all(
             with hooks.steps(f"calibrating {name} at TP={tp}") as steps:
                 spent += calibrate_replica(name, cfg, store, engine, ctx, threads=threads, on_step=steps)
             continue
-        if policy == "check" and name not in calibrated_models(store, ctx):  # one begun resumes in full
+        if policy == "check" and name not in calibrated_models(store, ctx):  # one begun resumes as it began
             passed, why = check_calibration(m, db, store, engine, threads)
             checked = [f.cost_s for *_, f in store.forwards(ctx, name + CHECK_SUFFIX)]
             spent += sum(checked)
-            verdict = "passed: no calibration of its own" if passed else "missed: full calibration"
+            verdict = "passed: no calibration of its own" if passed else "missed: calibrated at its own depth"
             if not checked:  # nothing to check against (the DB's first model), or it cannot be priced
                 verdict = "not possible: full calibration"
             hooks.log(f"calibration check on {name} {verdict} ({why})")
             if passed:
                 continue
-        hooks.log(f"calibrating framework overhead on {name}")
+        # a check that ran and missed: its own depth, one round (the DB's first model, with nothing to check it
+        # against, and every model under --calibrate all: the full set)
+        light = policy == "check" and bool(store.forwards(ctx, name + CHECK_SUFFIX))
+        hooks.log(f"calibrating framework overhead on {name}" + (" (its own depth, one round)" if light else ""))
         with hooks.steps(f"calibrating {name}") as steps:
-            spent += calibrate(name, cfg, store, engine, ctx, threads=threads, on_step=steps)
+            spent += calibrate(name, cfg, store, engine, ctx, threads=threads, on_step=steps, light=light)
     return spent
 
 

@@ -159,10 +159,15 @@ def test_report_and_cli_print_the_same_savings(tmp_path: Path, monkeypatch) -> N
     assert 0 < float(cli.group(1)) < 100
 
 
-def test_calibrate_check_runs_the_full_set_only_when_the_shared_fit_misses(tmp_path: Path, monkeypatch) -> None:
+def test_calibrate_check_calibrates_at_the_models_own_depth_only_when_the_shared_fit_misses(
+    tmp_path: Path, monkeypatch
+) -> None:
     """`--calibrate check`: the first model has no shared fit to check against (full set); the second is checked
-    with one forward per phase, and calibrated in full exactly when the check says it missed. `dooly plan` says
-    which, one line per model."""
+    with one forward per phase and, its check made to miss, calibrated at its own depth, one round, its check's
+    two forwards among them; its overhead is then fitted on those nine. `dooly plan` says which, one line per
+    model, and the savings count what each took."""
+    import dooly.api
+
     monkeypatch.setenv("DOOLY_THREADS", "1")
     db, paths = tmp_path / "p.db", []
     for name, inter in (("tiny-a", 128), ("tiny-b", 96)):
@@ -175,16 +180,30 @@ def test_calibrate_check_runs_the_full_set_only_when_the_shared_fit_misses(tmp_p
     text = " ".join(res.output.split())
     assert "tiny-a: full, 36 forwards (2 depth(s) x 2 rounds): no shared overhead fit" in text
     assert "tiny-b: check: 2 forwards against the shared overhead fit of 1 model(s)" in text
+    assert "9 forwards at its own depth, one round" in text
+    assert re.search(r"were every check to miss: [\d.]+ device-s with reuse", text), text
     res = runner.invoke(app, ["plan", str(paths[0]), "--db", str(db), "--grid", "tiny", "--calibrate", "some"])
     assert isinstance(res.exception, DoolyError) and "unknown --calibrate 'some'" in str(res.exception)
+    real_check = dooly.api.check_calibration
+
+    def missed(*a, **kw):  # the check's forwards measured for real, its verdict a miss
+        return False, real_check(*a, **kw)[1]
+
+    monkeypatch.setattr(dooly.api, "check_calibration", missed)
     for p in paths:
         res = runner.invoke(app, ["profile", str(p), "--db", str(db), "--grid", "tiny", "--calibrate", "check"])
         assert res.exit_code == 0, res.output
         if p == paths[0]:  # nothing to check the DB's first model against: not a miss
             assert "calibration check on tiny-a not possible: full calibration" in res.output, res.output
-    verdict = re.search(r"calibration check on tiny-b (passed|missed)", res.output)
-    assert verdict, res.output
+    assert "calibration check on tiny-b missed: calibrated at its own depth" in res.output, res.output
+    ctx = context_for(get_engine(), 1)
     with ProfileStore(db, readonly=True) as st:
-        keys = {m for m, *_ in st.forwards(context_for(get_engine(), 1))}
-    assert {"tiny-a", "tiny-a#layers1#round2", "tiny-b#check"} <= keys and "tiny-a#check" not in keys
-    assert ("tiny-b" in keys) == (verdict.group(1) == "missed")
+        keys = {m for m, *_ in st.forwards(ctx)}
+        own, checked = st.forwards(ctx, "tiny-b"), st.forwards(ctx, "tiny-b#check")
+    assert {"tiny-a", "tiny-a#layers1#round2", "tiny-b", "tiny-b#check"} <= keys and "tiny-a#check" not in keys
+    assert not {k for k in keys if k.startswith("tiny-b#") and k != "tiny-b#check"}  # no half depth, no round 2
+    assert (len(own), len(checked)) == (7, 2)  # the check's shapes are not measured again
+    pred = Predictor.for_model(str(paths[1]), db, threads=1, method="interp")
+    assert pred.overhead.n_fit == {"prefill": 4, "decode": 5}  # its own nine forwards, the check's two among them
+    res = runner.invoke(app, ["plan", str(paths[1]), "--db", str(db), "--grid", "tiny", "--calibrate", "check"])
+    assert "tiny-b: none to run: already calibrated in the DB" in " ".join(res.output.split()), res.output

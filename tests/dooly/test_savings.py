@@ -113,3 +113,28 @@ def test_a_plan_prices_the_calibration_its_policy_will_take(tmp_path) -> None:
     assert by["check"].calib_s == pytest.approx(30.0 / 18.0)  # the check only: a's full set over its check shapes
     assert none.models[0].calib_s == 0.0 and none.models[0].calib_alone_s == pytest.approx(30.0)
     assert "tracing of 1 model(s) not recorded in this DB: counted as 0" in none.describe()
+
+
+def test_a_missed_check_is_priced_as_the_calibration_at_its_own_depth(tmp_path) -> None:
+    """A model whose check missed took its own depth's round: paid as recorded with reuse, priced alone as the full
+    set; a plan under `check` prices every check missing as the check times that round's share of a full set."""
+    from dooly.db.store import canonical_point
+    from dooly.profile.calibrate import CALIBRATION_SHAPES, CHECK_SHAPES
+
+    store, ctx = _onboarding_db(tmp_path)
+    with store:
+        checked = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
+        for ph, vs in CALIBRATION_SHAPES.items():  # b's round at its own depth: 7 forwards beside its check's 2
+            for v in vs:
+                if (ph, canonical_point(v)) not in checked:
+                    store.put_forward(ctx, "b", ph, v, Measurement(1e-2, 1e-2, 1e-2, 5, 0.25))
+        models = [ModelSignatures("a", {"s1": 1, "s2": 1}), ModelSignatures("b", {"s2": 1, "s3": 1})]
+        b = savings_of(models, store, ctx).models[1]
+        new = [ModelSignatures("c", {"s1": 1, "s3": 1})]
+        passing, missing = (
+            savings_of(new, store, ctx, calibration="check", missed=miss).models[0] for miss in ((), ("c",))
+        )
+    assert b.calib_s == pytest.approx(9 * 0.25)  # its check and the 7 forwards after it, nothing more
+    assert b.calib_alone_s == pytest.approx(0.5 * 18.0)  # alone: the full set, estimated from its check
+    # c: a's full set over its check shapes is 18; its own depth's round over them 9 x 0.5 / 1 = 4.5
+    assert passing.calib_s == pytest.approx(30.0 / 18.0) and missing.calib_s == pytest.approx(30.0 / 18.0 * 4.5)

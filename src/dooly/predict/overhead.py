@@ -94,22 +94,26 @@ def fit_overhead(
     *,
     predictor: OpsPredictor,
     replica: str | None = None,
+    own_depth_only: bool = False,
 ) -> OverheadModel:
     """Fit the framework overhead from the real forwards stored under ``ctx``.
 
-    A model with calibration forwards of its own (``own``; its half-depth ones included) is fitted on those
-    alone: the Python cost around each op differs between architectures (module layout, norms, biases). A
+    A model with calibration forwards of its own (``own``; its half-depth ones included, and its check's when the
+    check missed) is fitted on those alone: the Python cost around each op differs between architectures (module
+    layout, norms, biases). A
     model never run on this machine is fitted on the models whose passes hold every one of its
     ``signatures`` (its architecture at another depth or under another name), else on every model in the DB
     (``exclude``: a model whose forwards are left out, to predict it as if it had never run here).
     ``predictor`` prices each calibrated model's operators (:data:`OpsPredictor`). ``replica``: fit on that
     tensor-parallel replica's forwards alone (``NAME@tpN``, priced with ``engine``, its rank's); without it a
-    replica's forwards are never read.
+    replica's forwards are never read. ``own_depth_only``: ``own`` fitted on its first round at its own depth (and
+    its check) alone, what a missed ``--calibrate check`` measures, though the DB holds more of it.
     """
     from dooly.profile import model_traces
-    from dooly.profile.calibrate import REPLICA_MARK
+    from dooly.profile.calibrate import CHECK_SUFFIX, REPLICA_MARK
 
     rows: dict[str, list] = {}  # model -> its rows (every calibration round and depth of it)
+    checked: dict[str, list] = {}  # model -> its check's rows: read only for a model with a calibration of its own
     cost = page_cost(store, ctx)
     sigs: dict[str, set[str]] = {}  # model -> the signatures of its passes, over its depths
     by_key: dict[str, Any] = {}
@@ -122,7 +126,10 @@ def fit_overhead(
             continue
         if exclude is not None and model == exclude:
             continue
-        variant = re.sub(r"#round\d+$", "", key)  # "<name>#round2": another round; "<name>#layers15": a depth
+        if own_depth_only and model == own and key not in (own, own + CHECK_SUFFIX):
+            continue
+        # "<name>#round2": another round; "<name>#layers15": a depth; "<name>#check": a check, at its own depth
+        variant = re.sub(rf"(#round\d+|{CHECK_SUFFIX})$", "", key)
         if variant not in by_key:
             cfg_json = store.get_trace("config", variant, "config")
             if cfg_json is None:
@@ -133,9 +140,10 @@ def fit_overhead(
             by_key[variant].page_cost_s_per_byte = cost  # its forwards paid them too
             sigs.setdefault(model, set()).update(by_key[variant].signature_keys())
         p = by_key[variant]
-        rows.setdefault(model, []).append(
-            (phase, p.ops_latency(phase, values), p.records_at(phase, values), values, m.median_s)
-        )
+        row = (phase, p.ops_latency(phase, values), p.records_at(phase, values), values, m.median_s)
+        (checked if key.endswith(CHECK_SUFFIX) else rows).setdefault(model, []).append(row)
+    for model in rows:  # a check that missed is the first two forwards of the calibration that followed it
+        rows[model] += checked.get(model, [])
     overlapped = ctx.hardware.startswith("cuda")
 
     def fit(models: Collection[str]) -> OverheadModel | None:

@@ -127,6 +127,7 @@ class Predictor:
         holdout: bool = False,
         unmeasured: Collection[str] = (),
         shared_overhead: bool = False,
+        own_depth_overhead: bool = False,
     ) -> Predictor:
         """A predictor for ``model`` (zoo name, config path or dict) from the profile DB at ``db_path``.
 
@@ -143,6 +144,8 @@ class Predictor:
         ``shared_overhead``: the framework overhead fitted on the DB's other calibrated models, leaving the
         model's own calibration forwards out: how a model profiled with ``--calibrate none`` (or whose ``check``
         passed) is priced, with its own operator points.
+        ``own_depth_overhead``: the overhead fitted on the first round of the model's own calibration at its own
+        depth alone: how a model whose ``--calibrate check`` missed is priced, though the DB holds more of it.
         """
         from dooly.core.zoo import resolve_model
         from dooly.db.store import ProfileStore
@@ -192,7 +195,9 @@ class Predictor:
             pred.shape_predicted = fills
             pred.collective_notes = coll_notes
             pred.page_cost_s_per_byte = page_cost(store, ctx)
-            pred.overhead = _overhead(store, ctx, engine, pts_model, pred, holdout, shared_overhead, db_path)
+            pred.overhead = _overhead(
+                store, ctx, engine, pts_model, pred, holdout, shared_overhead, db_path, own_depth_overhead
+            )
         return pred
 
     def shape_share(self, phase: str, values: Mapping[str, int]) -> tuple[float, float]:
@@ -314,7 +319,9 @@ def _flat_kv_base() -> int:
     return min(GridSpec().decode_kv_len)
 
 
-def _overhead(store, ctx, engine, pts_model, pred: Predictor, holdout: bool, shared: bool, db_path) -> OverheadModel:  # type: ignore[no-untyped-def]
+def _overhead(  # type: ignore[no-untyped-def]
+    store, ctx, engine, pts_model, pred: Predictor, holdout: bool, shared: bool, db_path, own_depth: bool
+) -> OverheadModel:
     """The framework overhead of ``pred``'s model: from its own calibration forwards, else (``holdout``,
     ``shared``, or none stored) from the DB's other models; ``shared`` refuses where no other model has any.
     With the shape model's points: a --budget profile's own calibration forwards ran every signature. A
@@ -337,6 +344,7 @@ def _overhead(store, ctx, engine, pts_model, pred: Predictor, holdout: bool, sha
         exclude=pred.name if without_own else None,
         signatures=pred.signature_keys(),
         predictor=type(pred),
+        own_depth_only=own_depth,
     )
     if shared and not fitted.n_fit:
         raise DoolyError(

@@ -44,6 +44,11 @@ CHECK_SHAPES: dict[str, list[dict[str, int]]] = {
 #: never reads them (a model fitted on two forwards of its own would be worse off than with the shared fit)
 CHECK_SUFFIX = "#check"
 CALIBRATION_POLICIES = ("all", "check", "none")
+#: what a ``--calibrate check`` that missed measures: the calibration shapes at the model's own depth, one round
+#: (the check's two forwards among them). Its own overhead is then fitted on those: enough to price the model
+#: itself, whose forwards all hold its operator calls; the half depth and the second round serve the shared fit,
+#: which the fully calibrated models already give. About a third of a full calibration's cost.
+LIGHT_ROUNDS = 1
 #: a checked forward passes when the shared fit predicts it within this (plus the stated uncertainty of the
 #: share of the pass predicted from shape): the issue's bound is 3 points of forward MAPE over calibrating
 #: every model, and a single forward's noise on a quiet CPU is 1-5%
@@ -94,7 +99,11 @@ def calibration_needs(
             shared += 1
         else:
             k = sum(len(v) for v in CHECK_SHAPES.values())
-            miss = f"the full {full} only if one misses by more than {100 * CHECK_TOLERANCE:.0f}% (+ shape uncertainty)"
+            light = full_calibration_forwards(cfg, light=True)
+            miss = (
+                f"if one misses by more than {100 * CHECK_TOLERANCE:.0f}% (+ shape uncertainty), {light} forwards at "
+                "its own depth, one round"
+            )
             out[name] = f"check: {k} forwards against the shared overhead fit of {shared} model(s); {miss}"
     return out
 
@@ -109,10 +118,13 @@ def calibration_variants(name: str, config: Mapping[str, Any], stages: int = 1) 
     return variants
 
 
-def full_calibration_forwards(config: Mapping[str, Any]) -> int:
-    """How many forwards a full calibration of a model with ``config`` measures."""
-    shapes = shapes_within(CALIBRATION_SHAPES, max_positions(config))
-    return CALIBRATION_ROUNDS * len(calibration_variants("m", config)) * sum(len(v) for v in shapes.values())
+def full_calibration_forwards(config: Mapping[str, Any], light: bool = False) -> int:
+    """How many forwards a full calibration of a model with ``config`` measures (``light``: the one a missed check
+    takes, see :data:`LIGHT_ROUNDS`)."""
+    shapes = sum(len(v) for v in shapes_within(CALIBRATION_SHAPES, max_positions(config)).values())
+    if light:
+        return LIGHT_ROUNDS * shapes
+    return CALIBRATION_ROUNDS * len(calibration_variants("m", config)) * shapes
 
 
 def check_forwards(
@@ -156,15 +168,23 @@ def calibrate(
     threads: int | None = None,
     repeats: int = 5,
     on_step: Callable[[int, int, str], None] | None = None,
+    light: bool = False,
 ) -> float:
     """Measure and store real forwards of the model, and of it at half depth (as ``NAME#layersK``, with its
     config), at the calibration shapes; returns seconds spent. ``on_step(done, total, what)`` is called before the
-    first forward, as each model is built and after each shape is measured (minutes on a large model)."""
+    first forward, as each model is built and after each shape is measured (minutes on a large model). ``light``:
+    its own depth only, :data:`LIGHT_ROUNDS` round(s), the shapes its check measured taken as measured."""
     import torch
 
     shapes = shapes_within(shapes or CALIBRATION_SHAPES, max_positions(config))
-    variants = calibration_variants(name, config, stages=getattr(engine, "pp", 1))
-    todo = _calibration_todo(variants, shapes, store, engine, ctx)
+    if light:
+        variants, rounds = {name: dict(config)}, LIGHT_ROUNDS
+    else:
+        variants, rounds = calibration_variants(name, config, stages=getattr(engine, "pp", 1)), CALIBRATION_ROUNDS
+    todo = _calibration_todo(variants, shapes, store, engine, ctx, rounds)
+    if light:  # its check's forwards are its first round's at their shapes (the overhead fit reads them)
+        checked = {(ph, canonical_point(v)) for _, ph, v, _ in store.forwards(ctx, name + CHECK_SUFFIX)}
+        todo = [t for t in todo if t[1] != name or (t[2], canonical_point(t[3])) not in checked]
     if not todo:
         return 0.0
     spent, model, built = 0.0, None, None
@@ -206,7 +226,7 @@ def calibrate_replica(
         raise ValueError(f"calibrate_replica: {engine!r} is not a tensor-parallel rank")
     shapes = shapes_within(CALIBRATION_SHAPES, max_positions(config))
     variants = {key + v[len(name) :]: cfg for v, cfg in calibration_variants(name, config).items()}
-    todo = _calibration_todo(variants, shapes, store, engine, ctx)
+    todo = _calibration_todo(variants, shapes, store, engine, ctx, CALIBRATION_ROUNDS)
     tp, dtype = engine.tp, engine.dtype  # type: ignore[attr-defined]
     spent, ranks, built = 0.0, None, None
     step = on_step or (lambda done, total, what: None)
@@ -234,16 +254,17 @@ def _calibration_todo(
     store: ProfileStore,
     engine: Engine,
     ctx: ProfileContext,
+    rounds: int,
 ) -> list[tuple[str, str, str, dict[str, int]]]:
-    """The forwards a calibration of ``variants`` ({key: config}) still lacks: (variant, round's key, phase,
-    values), after storing each variant's config and traces."""
+    """The forwards ``rounds`` of calibration of ``variants`` ({key: config}) still lack: (variant, round's key,
+    phase, values), after storing each variant's config and traces."""
     for variant, cfg in variants.items():
         store.put_trace("config", variant, "config", canonical_json(cfg))
         # traced here, where the store is writable: the overhead fit reads every variant's trace, and commands
         # that only read the DB would trace it again on every load
         model_traces(variant, cfg, engine, store)
     todo = []
-    for k in range(CALIBRATION_ROUNDS):
+    for k in range(rounds):
         # both depths in each round, in turn (ABBA: a steady drift of the machine weighs on both alike)
         for variant in list(variants)[:: 1 if k % 2 == 0 else -1]:
             key = variant if k == 0 else f"{variant}#round{k + 1}"  # the fit reads every round as its own rows

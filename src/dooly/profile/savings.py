@@ -154,6 +154,7 @@ def savings_of(
     predicted: Collection[str] = (),
     estimated: Mapping[str, float] | None = None,
     calibration: str | None = None,
+    missed: Collection[str] = (),
 ) -> Savings:
     """Onboarding cost of ``models`` in this order with cross-model reuse vs each alone (``known``: signatures
     complete in the DB before the run: priced like the rest, so the figure does not depend on what an earlier
@@ -161,7 +162,8 @@ def savings_of(
     ``predicted``: signatures left to the shape model, which cost nothing with reuse but their full price
     alone; ``estimated``: the predicted cost of signatures nothing is measured of, see :func:`estimate_costs`;
     one missing there is priced at the DB's mean cost per point). Tracing and calibration forwards are priced by
-    :class:`_Onboarding` (``calibration``: the policy a model not calibrated yet will get; None: as recorded)."""
+    :class:`_Onboarding` (``calibration``: the policy a model not calibrated yet will get; None: as recorded;
+    ``missed``: see :meth:`_Onboarding.price`)."""
     predicted = set(predicted)
     estimated = estimated or {}
     measured = store.signature_costs(ctx)
@@ -197,7 +199,7 @@ def savings_of(
     points = {k: n for m in models for k, n in m.points.items()}
     in_db = sum(cost(k, points[k]) for k in seen & set(known))
     on = _Onboarding(store, ctx, lambda m: sum(cost(k, n) for k, n in m.points.items()))
-    in_db += on.price(rows, calibration)
+    in_db += on.price(rows, calibration, missed)
     share = (n_meas / n_all, n_mean / n_all) if n_all else (1.0, 0.0)
     untimed = sum(1 for r in rows if on.untimed(r.name))
     return Savings(rows, share[0], in_db, len(predicted & seen), share[1], untimed, on.estimated, on.unpriced)
@@ -206,14 +208,15 @@ def savings_of(
 class _Onboarding:
     """Tracing and calibration forwards per model, from the DB.
 
-    A model calibrated in full is priced at its forwards' cost (its check, if one missed, included). On its own
-    a model needs the full set (an empty DB has no shared overhead fit), so one only checked, or not calibrated
-    at all, is priced alone by an estimate: its check's cost times what the full set cost over the check's
-    shapes on the DB's fully calibrated models; without a check, its operator profiling cost times their ratio
-    of calibration to profiling."""
+    A model calibrated in full is priced at its forwards' cost (its check, if one missed, included), and so is
+    one whose missed check took the calibration at its own depth (:data:`~dooly.profile.calibrate.LIGHT_ROUNDS`).
+    On its own a model needs the full set (an empty DB has no shared overhead fit), so one that lacks it is
+    priced alone by an estimate: its check's cost times what the full set cost over the check's shapes on the
+    DB's fully calibrated models; without a check, its operator profiling cost times their ratio of calibration
+    to profiling."""
 
     def __init__(self, store: ProfileStore, ctx: ProfileContext, profile_alone: Callable[[ModelSignatures], float]):
-        from dooly.profile.calibrate import CHECK_SHAPES, CHECK_SUFFIX, REPLICA_MARK
+        from dooly.profile.calibrate import CALIBRATION_SHAPES, CHECK_SHAPES, CHECK_SUFFIX, REPLICA_MARK
 
         self.store, self.ctx, self.estimated, self.unpriced = store, ctx, 0, 0
         self.forwards: dict[str, dict[tuple[str, str, str], float]] = {}
@@ -222,21 +225,38 @@ class _Onboarding:
             if "#holdout" not in key and not key.startswith("#") and REPLICA_MARK not in key.split("#")[0]:
                 self.forwards.setdefault(key.split("#")[0], {})[(key, ph, canonical_point(v))] = m.cost_s
         self.check_key = CHECK_SUFFIX
-        checks = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
+        self.checks = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
+        every = {(ph, canonical_point(v)) for ph, vs in CALIBRATION_SHAPES.items() for v in vs}
         full = {name: self.full_s(name) for name in self.forwards if self.full_s(name)}
-        # per fully calibrated model: its full set's cost over what the check's shapes cost in its first round
-        at_check = {n: self._cost_at(n, checks) for n in full}
+        # per fully calibrated model: its full set's cost, and its first round at its own depth (what a missed
+        # check takes), over what the check's shapes cost in that round
+        at_check = {n: self._cost_at(n, self.checks) for n in full}
         self.per_check = [full[n] / at_check[n] for n in full if at_check[n] > 0]
+        self.per_check_light = [self._cost_at(n, every) / at_check[n] for n in full if at_check[n] > 0]
         alone = {m.name: profile_alone(m) for m in profiled_models(store, ctx)}
         self.per_profile = [full[n] / alone[n] for n in full if alone.get(n)]
 
     def _cost_at(self, name: str, shapes: Collection[tuple[str, str]]) -> float:
-        """Cost of the model's first full-depth round at ``shapes`` ((phase, canonical point))."""
+        """Cost of the model's first round at its own depth at ``shapes`` ((phase, canonical point))."""
         return sum(c for (k, ph, p), c in self.forwards[name].items() if k == name and (ph, p) in shapes)
 
+    def calibrated(self, name: str) -> bool:
+        """Whether the model has a calibration of its own in the DB (the full set, or its own depth's)."""
+        return any(k == name for k, *_ in self.forwards.get(name, {}))
+
     def full_s(self, name: str) -> float:
-        """Cost of the model's full calibration in the DB (0 when it has none)."""
-        return sum(c for (k, *_), c in self.forwards.get(name, {}).items() if k != name + self.check_key)
+        """Cost of the model's full calibration in the DB (0 when it has none: its second round is missing)."""
+        fw = self.forwards.get(name, {})
+        if not any("#round" in k for k, *_ in fw):
+            return 0.0
+        return sum(c for (k, *_), c in fw.items() if k != name + self.check_key)
+
+    def check_s(self, name: str) -> float:
+        """What the model's check cost: its forwards at the check's shapes (as a check, or in its first round)."""
+        if name not in self.forwards:
+            return 0.0
+        own = sum(c for (k, *_), c in self.forwards[name].items() if k == name + self.check_key)
+        return own or self._cost_at(name, self.checks)
 
     def trace_s(self, name: str) -> float:
         variants = {name} | {re.sub(r"#round\d+$", "", k) for k, *_ in self.forwards.get(name, {})}
@@ -247,7 +267,7 @@ class _Onboarding:
 
     def estimate_full(self, name: str, profile_alone_s: float) -> float:
         """The model's full calibration when the DB holds less of it (see the class)."""
-        check = sum(self.forwards.get(name, {}).values()) - self.full_s(name)
+        check = self.check_s(name)
         if not check and not self.per_profile:  # nothing to estimate it from
             self.unpriced += 1
             return 0.0
@@ -260,29 +280,35 @@ class _Onboarding:
         """A full calibration's cost per unit of a check's cost."""
         return float(np.median(self.per_check)) if self.per_check else _CHECK_FALLBACK_RATIO
 
-    def price(self, rows: Sequence[ModelCost], policy: str | None) -> float:
+    def price(self, rows: Sequence[ModelCost], policy: str | None, missed: Collection[str] = ()) -> float:
         """Fill each row's tracing and calibration; returns the calibration already in the DB (with
-        ``policy``, a plan's: what this run does not measure again)."""
+        ``policy``, a plan's: what this run does not measure again). ``missed``: under ``check``, the models
+        whose check misses, each then calibrated at its own depth (every other check passes)."""
         in_db, shared = 0.0, bool(self.per_check or self.per_profile)
         for r in rows:
             r.trace_s = self.trace_s(r.name)
             paid = sum(self.forwards.get(r.name, {}).values())
-            full = self.full_s(r.name)
-            r.calib_alone_s = full or self.estimate_full(r.name, r.profile_alone_s)
-            if policy is None or full:  # as recorded (or already calibrated: a plan does not run it again)
+            r.calib_alone_s = self.full_s(r.name) or self.estimate_full(r.name, r.profile_alone_s)
+            if policy is None or self.calibrated(r.name):  # as recorded (a plan does not run it again)
                 r.calib_s = paid
                 in_db += paid if policy is not None else 0.0
             elif policy == "all" or (policy == "check" and not shared):
                 r.calib_s = r.calib_alone_s
-            elif policy == "check":  # the check only: the full set would follow only if it missed
-                r.calib_s = r.calib_alone_s / self.check_ratio()
+            elif policy == "check":  # the check, and the calibration at its own depth only if it missed
+                r.calib_s = r.calib_alone_s / self.check_ratio() * (self.light_ratio() if r.name in missed else 1.0)
             shared = shared or policy != "none"  # a model calibrated in full gives the later ones a shared fit
         return in_db
+
+    def light_ratio(self) -> float:
+        """A missed check's calibration (its own depth, one round, the check's forwards among them) per unit of
+        the check's cost."""
+        return float(np.median(self.per_check_light)) if self.per_check_light else _CHECK_FALLBACK_LIGHT
 
 
 #: full calibration forwards per check forward (2 depths x 2 rounds x 9 shapes over 2 shapes), where the DB
 #: has no fully calibrated model to measure the ratio of costs on
 _CHECK_FALLBACK_RATIO = 18.0
+_CHECK_FALLBACK_LIGHT = 4.5  # the 9 shapes of one round at full depth over the check's 2
 
 
 @dataclass(frozen=True)
@@ -368,15 +394,20 @@ def planned_points(plan: Plan) -> dict[str, tuple[Signature, list[dict[str, int]
 
 
 def savings(
-    plan: Plan, store: ProfileStore, predicted: Collection[str] = (), calibration: str | None = "all"
+    plan: Plan,
+    store: ProfileStore,
+    predicted: Collection[str] = (),
+    calibration: str | None = "all",
+    missed: Collection[str] = (),
 ) -> Savings:
     """The plan's models, in the plan's order (``predicted``: signatures left to the shape model); signatures
     nothing is measured of are priced by :func:`estimate_costs`. ``calibration``: the policy the run gives a
-    model not calibrated yet (None once the run is over: each model's calibration as the DB records it)."""
+    model not calibrated yet (None once the run is over: each model's calibration as the DB records it);
+    ``missed``: under ``check``, the models whose check misses (every other check passes)."""
     measured = store.signature_costs(plan.ctx)
     wanted = {k: v for k, v in planned_points(plan).items() if k not in measured}
     estimated = estimate_costs(store, plan.ctx, wanted) if wanted else {}
-    return savings_of(_signatures(plan), store, plan.ctx, plan.known, predicted, estimated, calibration)
+    return savings_of(_signatures(plan), store, plan.ctx, plan.known, predicted, estimated, calibration, missed)
 
 
 def _context_label(ctx: ProfileContext) -> str:
