@@ -1,6 +1,7 @@
 """`dooly demo`: the whole dooly pipeline on the zoo's small models, in a few minutes on a CPU.
 
-1. trace + profile two small models into one DB (``dooly profile``; the second reuses the first's profiles),
+1. trace + profile two small models into one DB (``dooly profile``; the second reuses the first's profiles and
+   is only checked against the first's calibration, and calibrated at its own depth if the check misses),
 2. validate serving: the real engine serves a small Poisson workload and the simulator predicts it,
 3. simulate a larger workload at a load that queues and sweep engine settings under an SLO,
 4. write the HTML report.
@@ -57,8 +58,10 @@ def run_demo(workdir: str | Path, quick: bool = False, grid: str = "default") ->
     db = workdir / "profiles.db"
     models = SMALL_MODELS[:1] if quick else SMALL_MODELS
     # one grid for every model: the predictor fits the framework overhead jointly over the DB's models, so a
-    # coarsely profiled neighbour would skew the validated model's prediction
-    _run(["profile", *models, "--db", str(db), "--grid", "tiny" if quick else grid], console)
+    # coarsely profiled neighbour would skew the validated model's prediction. --calibrate check: the first model
+    # (the one validated) is calibrated in full, the second only checked against it
+    profile = ["profile", *models, "--db", str(db), "--grid", "tiny" if quick else grid, "--calibrate", "check"]
+    _run(profile, console)
     workload = "poisson:n=8,rate=4,prompt=16-64,output=4-8,seed=0" if quick else VALIDATE_WORKLOAD
     _run(["validate-serving", VALIDATE_MODEL, "--db", str(db), "--workload", workload], console)
     rate = queueing_rate(db, VALIDATE_MODEL)
