@@ -205,9 +205,9 @@ def check_measured(store_path: str, engine: Engine, threads: int, name: str) -> 
     """The model's first-round forwards at the check's shapes: what its `--calibrate check` would have measured."""
     from dooly.db.store import canonical_point
     from dooly.profile import context_for
-    from dooly.profile.calibrate import CHECK_SHAPES
+    from dooly.profile.calibrate import CHECK_SHAPES, phase_points
 
-    shapes = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
+    shapes = phase_points(CHECK_SHAPES)
     with ProfileStore(store_path, readonly=True) as store:
         rows = store.forwards(context_for(engine, threads), name)
     got = {(ph, canonical_point(v)): m.median_s for _, ph, v, m in rows}

@@ -55,6 +55,11 @@ LIGHT_ROUNDS = 1
 CHECK_TOLERANCE = 0.05
 
 
+def phase_points(shapes: Mapping[str, list[dict[str, int]]]) -> set[tuple[str, str]]:
+    """``shapes`` ({phase: [values]}) as the (phase, canonical point) pairs the DB keys forwards by."""
+    return {(ph, canonical_point(v)) for ph, vs in shapes.items() for v in vs}
+
+
 #: ``NAME@tpN``: the calibration forwards of a tensor-parallel replica of NAME (:func:`calibrate_replica`); they fit
 #: its ranks' overhead alone, never a one-device model's
 REPLICA_MARK = "@"

@@ -216,7 +216,7 @@ class _Onboarding:
     to profiling."""
 
     def __init__(self, store: ProfileStore, ctx: ProfileContext, profile_alone: Callable[[ModelSignatures], float]):
-        from dooly.profile.calibrate import CALIBRATION_SHAPES, CHECK_SHAPES, CHECK_SUFFIX, REPLICA_MARK
+        from dooly.profile.calibrate import CALIBRATION_SHAPES, CHECK_SHAPES, CHECK_SUFFIX, REPLICA_MARK, phase_points
 
         self.store, self.ctx, self.estimated, self.unpriced = store, ctx, 0, 0
         self.forwards: dict[str, dict[tuple[str, str, str], float]] = {}
@@ -225,8 +225,7 @@ class _Onboarding:
             if "#holdout" not in key and not key.startswith("#") and REPLICA_MARK not in key.split("#")[0]:
                 self.forwards.setdefault(key.split("#")[0], {})[(key, ph, canonical_point(v))] = m.cost_s
         self.check_key = CHECK_SUFFIX
-        self.checks = {(ph, canonical_point(v)) for ph, vs in CHECK_SHAPES.items() for v in vs}
-        every = {(ph, canonical_point(v)) for ph, vs in CALIBRATION_SHAPES.items() for v in vs}
+        self.checks, every = phase_points(CHECK_SHAPES), phase_points(CALIBRATION_SHAPES)
         full = {name: self.full_s(name) for name in self.forwards if self.full_s(name)}
         # per fully calibrated model: its full set's cost, and its first round at its own depth (what a missed
         # check takes), over what the check's shapes cost in that round
