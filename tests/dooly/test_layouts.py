@@ -217,9 +217,11 @@ def test_a_collective_past_the_group_sizes_measured_is_extrapolated_and_labelled
     from dooly.profile.collectives import collective_kind
     from dooly.trace.tracer import trace_model
 
+    one = {**LLAMA, "num_hidden_layers": 1}  # a layer's all-reduces are every layer's
+
     def traces(tp: int) -> dict:  # type: ignore[type-arg]
         engine = get_engine("vllm", tp=tp)
-        return {"decode": trace_model(LLAMA, "decode", engine=engine)}  # prefill's collectives are the same ops
+        return {"decode": trace_model(one, "decode", engine=engine)}  # prefill's collectives are the same ops
 
     two, four = traces(2), traces(4)
     ctx = context_for(get_engine("vllm", tp=2), 1)
@@ -239,7 +241,7 @@ def test_a_collective_past_the_group_sizes_measured_is_extrapolated_and_labelled
                     store.put_point(ctx, sig.key, values, Measurement(t, t, t, 1, t))
                     pts.append((values, t))
                 measured[sig.key] = pts
-        fill = collective_fill(four, measured, store, ctx, LLAMA)
+        fill = collective_fill(four, measured, store, ctx, one)
     assert "all_reduce among 4: extrapolated by the ring model from" in " | ".join(fill.notes)
     assert any(n.startswith("all_reduce among 4") and "group size 2" in n for n in fill.notes)
     reduce4 = next(s for s in four["decode"].unique() if collective_kind(s.op) == "all_reduce")

@@ -325,18 +325,22 @@ def test_a_tensor_parallel_replica_s_calibration_fits_its_ranks_alone(tmp_path: 
     the one-device fit, the calibrated models and the savings never read them."""
     import json
 
-    from test_profile_fixtures import seed_traces
+    from test_profile_fixtures import ENGINE, seed_traces
 
     from dooly.db.store import Measurement, ProfileStore
     from dooly.engines import get_engine
     from dooly.predict.overhead import fit_overhead
-    from dooly.profile import context_for, model_traces
+    from dooly.profile import context_for, model_traces, trace_cache_key
     from dooly.profile.calibrate import calibrated_models, replica_key
 
     db, engine = tmp_path / "p.db", get_engine()
     cfg = tiny_config("tiny-a", 128)
-    pts = {s.key: _grid_points(tuple(sorted(s.symbols()))) for tr in seed_traces(db, cfg).values() for s in tr.unique()}
+    seeded = seed_traces(db, cfg)
+    pts = {s.key: _grid_points(tuple(sorted(s.symbols()))) for tr in seeded.values() for s in tr.unique()}
     ctx = context_for(engine, 1)
+    with ProfileStore(db) as st:  # the replica's passes are the same hand-written traces: nothing is traced
+        for phase, tr in seeded.items():
+            st.put_trace(f"{ENGINE}:bfloat16", trace_cache_key("tiny-a@tp2", cfg), phase, tr.to_json())
     shapes = {"prefill": [{"requests": 1, "tokens": t} for t in (8, 32, 128)],
               "decode": [{"requests": r, "kv_len": 64} for r in (1, 4, 8)]}  # fmt: skip
     preds = {}
