@@ -8,11 +8,14 @@ the whole module. The TP=2 rank's profile (`dooly profile --tp 2`: vLLM's start-
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not installed (the vLLM engine is optional)")
+# found, not imported: collecting the suite must not pay vLLM's import in every worker
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vllm is not installed (the vLLM engine is optional)", allow_module_level=True)
 
 from typer.testing import CliRunner  # noqa: E402
 

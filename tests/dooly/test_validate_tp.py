@@ -9,6 +9,7 @@ another (no timing assertion).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import multiprocessing
 import os
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not installed (the vLLM engine is optional)")
+# found, not imported: collecting the suite must not pay vLLM's import in every worker
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vllm is not installed (the vLLM engine is optional)", allow_module_level=True)
 
 from dooly.core.errors import DoolyError  # noqa: E402
 from dooly.db.store import ProfileStore  # noqa: E402

@@ -6,12 +6,15 @@ The shards (heads, intermediate size, vocabulary; a stage's layers) come from vL
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import Counter
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not installed (the vLLM engine is optional)")
+# found, not imported: collecting the suite must not pay vLLM's import in every worker
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vllm is not installed (the vLLM engine is optional)", allow_module_level=True)
 
 import torch  # noqa: E402
 from test_tracer import traced_and_real_ops  # noqa: E402
