@@ -43,7 +43,7 @@ import numpy as np
 
 from dooly.core.errors import DoolyError
 from dooly.engines import _reaper
-from dooly.engines._tmpdirs import owned_tmpdir, remove_segments
+from dooly.engines._tmpdirs import mapped_segments, owned_tmpdir, remove_segments
 from dooly.simulator.metrics import RequestMetrics
 from dooly.simulator.workload import Workload
 
@@ -336,6 +336,8 @@ class VLLMServer:
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        # read while the server lives: a session killed below takes its resource trackers with it
+        segments = mapped_segments(_reaper.session_pids(proc.pid))
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -346,6 +348,8 @@ class VLLMServer:
         _reaper.kill_session(proc.pid, signal.SIGKILL)  # nothing of the session outlives the server
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10.0)
+        for segment in segments:  # vLLM's own exit unlinked them, unless it was killed
+            segment.unlink(missing_ok=True)
 
     # -- load -------------------------------------------------------------------------------------------
     def bench(self, workload: Workload, seed: int = 0) -> BenchRun:
