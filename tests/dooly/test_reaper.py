@@ -17,11 +17,15 @@ import pytest
 from dooly.engines import _reaper
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-# a server that forks a worker and ignores SIGTERM in it (only SIGKILL stops it), both writing their pids
+# a server that forks a worker and ignores SIGTERM in it (only SIGKILL stops it), both writing their pids; the
+# worker holds Python shared memory, as vLLM's message queues are (its name written beside the pids)
 STANDIN = (
     "import os, signal, sys, time\n"
     "if os.fork() == 0:\n"
     "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "    from multiprocessing import shared_memory\n"
+    "    m = shared_memory.SharedMemory(create=True, size=4096)\n"
+    "    open(sys.argv[1] + '-shm.' + m.name, 'w').close()\n"
     "open(sys.argv[1] + '.' + str(os.getpid()), 'w').close()\n"
     "time.sleep(600)\n"
 )
@@ -71,17 +75,23 @@ def test_sigkilled_parent_takes_the_server_and_its_children_with_it(tmp_path):
     )
     try:
         sid = int(parent.stdout.readline())
-        _wait_for(lambda: len(_started(tmp_path)) == 2)
+        _wait_for(lambda: len(_started(tmp_path)) == 2 and any(tmp_path.glob("server-shm.*")))
         servers = _started(tmp_path)
         assert all(os.getsid(p) == sid for p in servers)
+        segments = [Path("/dev/shm") / p.suffix[1:] for p in tmp_path.glob("server-shm.*")]
+        assert all(s.exists() for s in segments)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         assert _gone_within(lambda: [sid, *servers], 10.0), "server processes outlived their parent"
         assert not [p for p in _reaper.session_pids(sid) if _alive(p)]
+        # the killed session's resource tracker would have unlinked it: the reaper did
+        assert not [s for s in segments if s.exists()]
     finally:
         parent.kill()
         parent.wait()
         _reaper.kill_session(sid if "sid" in locals() else -1)
+        for s in tmp_path.glob("server-shm.*"):
+            (Path("/dev/shm") / s.suffix[1:]).unlink(missing_ok=True)
 
 
 def test_sigterm_to_the_reaper_stops_the_server_with_its_status(tmp_path):

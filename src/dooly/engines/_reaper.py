@@ -60,6 +60,24 @@ def session_pids(sid: int) -> list[int]:
     return out
 
 
+def mapped_segments(pids: list[int], prefix: str = "psm_") -> set[Path]:
+    """The /dev/shm files named ``<prefix>*`` that processes ``pids`` have mapped (from /proc/PID/maps; a process
+    that cannot be read is skipped). vLLM's message queues are Python shared memory (``psm_*``) that its resource
+    tracker unlinks; when a server's session is killed, the tracker dies with it and they stay: these are the
+    names to remove then."""
+    out: set[Path] = set()
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            at = line.find(f"/dev/shm/{prefix}")
+            if at >= 0:
+                out.add(Path(line[at:].removesuffix(" (deleted)")))
+    return out
+
+
 def _reap(keep: int | None = None) -> None:
     """Reap exited children (orphans handed to this subreaper), but leave ``keep``'s status to its Popen."""
     with contextlib.suppress(ChildProcessError):
@@ -79,6 +97,7 @@ def kill_session(sid: int, sig: int = signal.SIGKILL) -> None:
 def _kill_session(grace_s: float) -> None:
     """SIGTERM to every process of this session, SIGKILL to those still alive after ``grace_s``."""
     sid = os.getsid(0)
+    segments = mapped_segments(session_pids(sid))  # read while they live: a SIGKILL takes their resource trackers
     deadline = time.monotonic() + grace_s
     for sig in (signal.SIGTERM, signal.SIGKILL):
         kill_session(sid, sig)
@@ -87,6 +106,9 @@ def _kill_session(grace_s: float) -> None:
             time.sleep(0.05)
         deadline = time.monotonic() + 5.0
     _reap()
+    for segment in segments:  # a clean exit unlinked them already
+        with contextlib.suppress(OSError):
+            segment.unlink(missing_ok=True)
 
 
 def _parent_gone(parent: int, pidfd: int | None) -> bool:

@@ -65,21 +65,3 @@ def remove_segments(name: str) -> None:
     its group (or rendezvous file) and leaves them behind when a rank is killed or a server is stopped."""
     for segment in Path("/dev/shm").glob(f"{glob.escape(name)}-*"):
         segment.unlink(missing_ok=True)
-
-
-def mapped_segments(pids: list[int], prefix: str = "psm_") -> set[Path]:
-    """The /dev/shm files named ``<prefix>*`` that processes ``pids`` have mapped (from /proc/PID/maps; a process
-    that cannot be read is skipped). vLLM's message queues are Python shared memory (``psm_*``) that its resource
-    tracker unlinks; when a server's session is killed, the tracker dies with it and they stay: these are the
-    names to remove then."""
-    out: set[Path] = set()
-    for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            at = line.find(f"/dev/shm/{prefix}")
-            if at >= 0:
-                out.add(Path(line[at:].removesuffix(" (deleted)")))
-    return out

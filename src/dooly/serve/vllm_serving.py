@@ -43,7 +43,7 @@ import numpy as np
 
 from dooly.core.errors import DoolyError
 from dooly.engines import _reaper
-from dooly.engines._tmpdirs import mapped_segments, owned_tmpdir, remove_segments
+from dooly.engines._tmpdirs import owned_tmpdir, remove_segments
 from dooly.simulator.metrics import RequestMetrics
 from dooly.simulator.workload import Workload
 
@@ -337,7 +337,7 @@ class VLLMServer:
         if proc is None:
             return
         # read while the server lives: a session killed below takes its resource trackers with it
-        segments = mapped_segments(_reaper.session_pids(proc.pid))
+        segments = _reaper.mapped_segments(_reaper.session_pids(proc.pid))
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
