@@ -188,6 +188,33 @@ def test_a_model_whose_weights_and_kv_cache_do_not_fit_is_refused_before_the_ser
     assert not started
 
 
+# a server slow to stop (SIGTERM ignored, so it is killed after the timeout) holding Python shared memory, as
+# vLLM's message queues are: its session's SIGKILL takes the resource tracker that would have unlinked it
+HOLD_SHM = (
+    "import signal, sys\n"
+    "from multiprocessing import shared_memory\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "m = shared_memory.SharedMemory(create=True, size=4096)\n"
+    "print(m.name, flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_a_killed_servers_shared_memory_is_removed(tmp_path):
+    server = VLLMServer("smollm2-135m", ServeConfig(max_num_seqs=2, max_num_batched_tokens=128), workdir=tmp_path)
+    server.proc = proc = subprocess.Popen([sys.executable, "-c", HOLD_SHM], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    segment = Path("/dev/shm") / proc.stdout.readline().strip()
+    try:
+        assert segment.exists()
+        server.stop(timeout=0.5)
+        assert not segment.exists()
+    finally:
+        segment.unlink(missing_ok=True)
+        proc.stdin.close()
+        proc.stdout.close()
+
+
 @needs_vllm
 def test_server_that_fails_to_start_is_stopped(tmp_path):
     cfg = ServeConfig(4, 128, startup_timeout_s=2)

@@ -78,6 +78,14 @@ def mapped_segments(pids: list[int], prefix: str = "psm_") -> set[Path]:
     return out
 
 
+def remove_mapped(segments: set[Path]) -> None:
+    """Unlink ``segments`` (from :func:`mapped_segments`) once their processes are dead; a clean exit unlinked them
+    already, and one that cannot be removed is left."""
+    for segment in segments:
+        with contextlib.suppress(OSError):
+            segment.unlink(missing_ok=True)
+
+
 def _reap(keep: int | None = None) -> None:
     """Reap exited children (orphans handed to this subreaper), but leave ``keep``'s status to its Popen."""
     with contextlib.suppress(ChildProcessError):
@@ -106,9 +114,7 @@ def _kill_session(grace_s: float) -> None:
             time.sleep(0.05)
         deadline = time.monotonic() + 5.0
     _reap()
-    for segment in segments:  # a clean exit unlinked them already
-        with contextlib.suppress(OSError):
-            segment.unlink(missing_ok=True)
+    remove_mapped(segments)
 
 
 def _parent_gone(parent: int, pidfd: int | None) -> bool:

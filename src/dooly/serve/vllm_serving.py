@@ -348,8 +348,7 @@ class VLLMServer:
         _reaper.kill_session(proc.pid, signal.SIGKILL)  # nothing of the session outlives the server
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10.0)
-        for segment in segments:  # vLLM's own exit unlinked them, unless it was killed
-            segment.unlink(missing_ok=True)
+        _reaper.remove_mapped(segments)  # vLLM's own exit unlinked them, unless it was killed
 
     # -- load -------------------------------------------------------------------------------------------
     def bench(self, workload: Workload, seed: int = 0) -> BenchRun:
