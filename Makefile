@@ -18,7 +18,7 @@ setup:
 PARALLEL := -n 4 --dist loadfile
 # The suite starts many Python processes (workers, CLI runs, torchrun ranks, vLLM servers): with bytecode
 # written (an environment may turn it off) each compiles the sources once, not each one again (6:11-6:36 under
-# stress on a fresh clone without, 5:54 with).
+# stress on a fresh clone without, 5:45-6:12 with).
 unexport PYTHONDONTWRITEBYTECODE
 
 test: setup
